@@ -1,0 +1,244 @@
+"""Per-slot stationary token load of one decode slot under continuous batching.
+
+A slot serves requests back to back; request ``n`` (prompt ``P_n``, decode lifetime
+``D_n >= 1``) contributes load ``P_n + a`` at ages ``a = 0..D_n-1``.  By renewal-reward,
+the load ``Y`` seen at a uniformly random decode step has
+
+    theta = E[D P + D(D-1)/2] / E[D]
+    q     = E[D P^2 + P D(D-1) + D(D-1)(2D-1)/6] / E[D],   nu^2 = q - theta^2.
+
+``theta`` and ``nu^2`` are what provisioning needs; they come either from parametric
+length distributions (prompt and decode independent) or from a request trace (the
+plug-in estimator, which is exact for the trace's empirical law).  Both kinds of
+workload can also draw requests and stationary slot states for the simulator.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from opweave_planner.errors import UserError
+
+DistKind = Literal["geometric", "fixed"]
+PROMPT_COLUMNS = ("prompt", "prompt_len", "prompt_tokens")
+DECODE_COLUMNS = ("decode", "decode_len", "decode_tokens")
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A length law on the positive integers: geometric on {1, 2, ...} or a fixed value.
+
+    Geometric with mean ``m`` is the paper's choice for decode lifetimes (variance
+    ``m(m-1)``); ``fixed`` is the zero-variance case useful for checks.
+    """
+
+    kind: DistKind
+    mean: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("geometric", "fixed"):
+            raise UserError(f"length distribution: expected 'geometric' or 'fixed', got {self.kind!r}")
+        if not math.isfinite(self.mean) or self.mean < 1:
+            raise UserError(f"{self.kind} length mean: expected a number >= 1, got {self.mean}")
+        if self.kind == "fixed" and self.mean != int(self.mean):
+            raise UserError(f"fixed length: expected an integer, got {self.mean}")
+
+    def moments(self) -> tuple[float, float, float]:
+        """E[X], E[X^2], E[X^3] (the third is needed for the variance of the stationary age)."""
+        m = float(self.mean)
+        if self.kind == "fixed":
+            return m, m * m, m**3
+        p = 1.0 / m
+        return m, (2.0 - p) / p**2, (p * p - 6.0 * p + 6.0) / p**3
+
+    @property
+    def variance(self) -> float:
+        m1, m2, _ = self.moments()
+        return m2 - m1 * m1
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "fixed":
+            return np.full(n, int(self.mean), dtype=np.int64)
+        return rng.geometric(1.0 / self.mean, size=n).astype(np.int64)
+
+    def sample_age(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(lifetime, age) of the request found in a slot at a random step (length-biased).
+
+        Geometric: the age is geometric on {0, 1, ...} and the residual life independent
+        geometric on {1, ...} (memorylessness), so the lifetime is their sum.
+        Fixed ``d``: lifetime ``d``, age uniform on {0..d-1}.
+        """
+        if self.kind == "fixed":
+            d = int(self.mean)
+            return np.full(n, d, dtype=np.int64), rng.integers(0, d, size=n, dtype=np.int64)
+        p = 1.0 / self.mean
+        age = rng.geometric(p, size=n).astype(np.int64) - 1
+        return age + rng.geometric(p, size=n).astype(np.int64), age
+
+
+class Workload:
+    """Interface shared by the parametric and the trace workloads."""
+
+    theta: float
+    nu2: float
+    mean_prompt: float
+    mean_decode: float
+
+    @property
+    def nu(self) -> float:
+        return math.sqrt(max(self.nu2, 0.0))
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` fresh requests (prompt, decode), i.i.d."""
+        raise NotImplementedError
+
+    def sample_stationary(
+        self, rng: np.random.Generator, n: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``n`` independent slot states (prompt, decode, age) from the stationary law."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"theta": self.theta, "nu2": self.nu2, "mean_prompt": self.mean_prompt,
+                "mean_decode": self.mean_decode}
+
+
+class ParametricWorkload(Workload):
+    """Independent prompt and decode laws; closed-form theta and nu^2."""
+
+    def __init__(self, prompt: LengthDist, decode: LengthDist) -> None:
+        self.prompt = prompt
+        self.decode = decode
+        d1, d2, d3 = decode.moments()
+        mean_age = (d2 - d1) / (2.0 * d1)
+        mean_age_sq = (2.0 * d3 - 3.0 * d2 + d1) / (6.0 * d1)
+        self.mean_prompt = prompt.mean
+        self.mean_decode = d1
+        self.theta = prompt.mean + mean_age
+        self.nu2 = prompt.variance + (mean_age_sq - mean_age * mean_age)
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.prompt.sample(rng, n), self.decode.sample(rng, n)
+
+    def sample_stationary(self, rng, n):
+        # Prompt is independent of decode, so length-biasing by D leaves its law unchanged.
+        prompt = self.prompt.sample(rng, n)
+        decode, age = self.decode.sample_age(rng, n)
+        return prompt, decode, age
+
+    def describe(self) -> dict:
+        return {**super().describe(), "source": "parametric",
+                "prompt": {"dist": self.prompt.kind, "mean": self.prompt.mean},
+                "decode": {"dist": self.decode.kind, "mean": self.decode.mean}}
+
+
+def trace_moments(prompt: np.ndarray, decode: np.ndarray) -> tuple[float, float]:
+    """Nonparametric (theta, nu^2) from per-request arrays (Appendix A.6 estimator).
+
+    The second moment is taken about theta so that nu^2 does not lose digits to
+    ``q - theta^2`` cancellation.
+    """
+    p = np.asarray(prompt, dtype=np.float64)
+    d = np.asarray(decode, dtype=np.float64)
+    total = d.sum()
+    theta = float((d * p + d * (d - 1.0) / 2.0).sum() / total)
+    c = p - theta
+    nu2 = float((d * c * c + c * d * (d - 1.0) + d * (d - 1.0) * (2.0 * d - 1.0) / 6.0).sum() / total)
+    return theta, nu2
+
+
+class TraceWorkload(Workload):
+    """The empirical law of a request trace: bootstrap draws and plug-in moments."""
+
+    def __init__(self, prompt: np.ndarray, decode: np.ndarray, name: str = "trace") -> None:
+        self.prompt = np.ascontiguousarray(prompt, dtype=np.int64)
+        self.decode = np.ascontiguousarray(decode, dtype=np.int64)
+        if self.prompt.shape != self.decode.shape or self.prompt.ndim != 1 or self.prompt.size == 0:
+            raise UserError(f"{name}: expected equal-length, non-empty prompt and decode arrays")
+        if (self.prompt < 0).any() or (self.decode < 1).any():
+            raise UserError(f"{name}: expected prompt >= 0 and decode >= 1 for every request")
+        self.name = name
+        self.theta, self.nu2 = trace_moments(self.prompt, self.decode)
+        self.mean_prompt = float(self.prompt.mean())
+        self.mean_decode = float(self.decode.mean())
+        self._cum_decode = np.cumsum(self.decode, dtype=np.float64)
+
+    def sample(self, rng, n):
+        idx = rng.integers(0, self.prompt.size, size=n)
+        return self.prompt[idx], self.decode[idx]
+
+    def sample_stationary(self, rng, n):
+        # A random step falls in request i with probability D_i / sum(D): pick it, then a uniform age.
+        u = rng.random(n) * self._cum_decode[-1]
+        idx = np.minimum(np.searchsorted(self._cum_decode, u, side="right"), self.prompt.size - 1)
+        decode = self.decode[idx]
+        age = np.floor(rng.random(n) * decode).astype(np.int64)
+        return self.prompt[idx], decode, np.minimum(age, decode - 1)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "source": "trace", "trace": self.name,
+                "requests": int(self.prompt.size)}
+
+
+def _find_column(header: list[str], names: tuple[str, ...], path: Path) -> int:
+    lowered = [h.strip().lower() for h in header]
+    for name in names:
+        if name in lowered:
+            return lowered.index(name)
+    raise UserError(
+        f"trace {path}: missing column; expected one of {', '.join(names)} in the header line"
+    )
+
+
+def _parse_length(text: str, what: str, minimum: int, path: Path, line: int) -> int:
+    value = text.strip()
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < minimum:
+        raise UserError(
+            f"trace {path} line {line}: {what} length must be an integer >= {minimum}, got {value!r}"
+        )
+    return number
+
+
+def load_trace(path: str | Path) -> TraceWorkload:
+    """Read a CSV trace with a header naming a prompt and a decode column.
+
+    Every data row must give a prompt length >= 0 and a decode length >= 1; the first bad
+    row is reported by its line number in the file (the header is line 1).
+    """
+    path = Path(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"trace {path}: cannot open ({exc.strerror})") from None
+    prompts: list[int] = []
+    decodes: list[int] = []
+    with handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise UserError(f"trace {path}: empty file; expected a header with prompt and decode")
+        ip = _find_column(header, PROMPT_COLUMNS, path)
+        idc = _find_column(header, DECODE_COLUMNS, path)
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) <= max(ip, idc):
+                raise UserError(
+                    f"trace {path} line {line}: expected {len(header)} columns, got {len(row)}"
+                )
+            prompts.append(_parse_length(row[ip], "prompt", 0, path, line))
+            decodes.append(_parse_length(row[idc], "decode", 1, path, line))
+    if not decodes:
+        raise UserError(f"trace {path}: no data rows; expected at least one request")
+    return TraceWorkload(np.array(prompts), np.array(decodes), name=str(path))

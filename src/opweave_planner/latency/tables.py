@@ -1,0 +1,286 @@
+"""The project's kernel-profile format: validated, frozen, cached.
+
+A profile set is one GPU measured under one serving backend::
+
+    <profiles>/<gpu>/system.json               hardware facts (SystemSpec)
+    <profiles>/<gpu>/<backend>/<kind>.json     one GridTable per kernel family
+
+Every file carries ``format_version`` (currently 1). A ``GridTable`` holds, for
+each categorical key (e.g. GEMM ``(dtype, n, k)``), a dense grid of latencies in
+microseconds over the table's continuous axes (e.g. ``m``), ``null`` where the
+source did not measure. Kinds, keys and axes are listed in ``KIND_SCHEMA``; the
+full description lives in ``profiles/README.md``.
+
+Only numpy, orjson and pydantic are needed here; pyarrow is for the importer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import orjson
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+
+from opweave_planner.errors import UserError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KIND_SCHEMA",
+    "GridTable",
+    "ProfileSet",
+    "SystemSpec",
+    "available_gpus",
+    "load_profile_set",
+    "read_system",
+    "read_table",
+    "write_json",
+]
+
+FORMAT_VERSION = 1
+
+Kind = Literal["gemm", "attention", "mla", "moe", "allreduce"]
+
+#: kind -> (categorical key fields, continuous axes in grid order)
+KIND_SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gemm": (("dtype", "n", "k"), ("m",)),
+    "attention": (
+        ("kv_dtype", "n_heads", "n_kv_heads", "head_dim", "window"),
+        ("batch", "kv_len"),
+    ),
+    "mla": (("kv_dtype", "gemm_dtype", "n_heads"), ("batch", "kv_len")),
+    "moe": (("dtype", "hidden", "inter", "topk", "n_experts", "tp", "ep"), ("tokens",)),
+    "allreduce": (("dtype", "n_gpus"), ("message_bytes",)),
+}
+
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+class SystemSpec(BaseModel):
+    """Hardware facts of one GPU type. Bandwidths in GB/s (1e9 B/s), peaks in TFLOPS."""
+
+    model_config = _STRICT
+
+    format_version: int
+    gpu: str
+    device: str
+    sm_version: int | None = None
+    memory_bytes: int
+    memory_bandwidth_gbps: float
+    #: dtype -> dense tensor-core peak in TFLOPS (bfloat16 always present)
+    peak_tflops: dict[str, float]
+    power_w: float | None = None
+    gpus_per_node: int
+    intra_node_bandwidth_gbps: float
+    inter_node_bandwidth_gbps: float
+    pcie_bandwidth_gbps: float | None = None
+    p2p_latency_us: float | None = None
+    #: tensor-parallel size (as a string key) -> bytes NCCL keeps per GPU
+    nccl_memory_bytes: dict[str, int] = {}
+    #: framework/runtime bytes reserved per GPU besides weights, KV and NCCL
+    other_memory_bytes: int = 0
+    source: str = ""
+
+    def peak(self, dtype: str) -> float:
+        """Peak TFLOPS for `dtype`, falling back to the bfloat16 peak."""
+        return self.peak_tflops.get(_compute_dtype(dtype), self.peak_tflops["bfloat16"])
+
+
+def _compute_dtype(dtype: str) -> str:
+    if dtype.startswith("fp8"):
+        return "fp8"
+    if dtype in ("int8",):
+        return "int8"
+    return "bfloat16"
+
+
+class _Group(BaseModel):
+    model_config = _STRICT
+
+    key: tuple[str | int, ...]
+    latency_us: list  # nested lists of float | None, depth = number of axes
+
+
+class GridTable(BaseModel):
+    """Latencies (µs per kernel call on one GPU) on a grid, per categorical key."""
+
+    model_config = _STRICT
+
+    format_version: int
+    kind: Kind
+    gpu: str
+    backend: str
+    backend_version: str = ""
+    device: str = ""
+    source: str = ""
+    key_fields: tuple[str, ...]
+    axes: dict[str, tuple[float, ...]]
+    groups: tuple[_Group, ...]
+
+    _axes: tuple[np.ndarray, ...] = PrivateAttr()
+    _grids: dict[tuple, np.ndarray] = PrivateAttr()
+
+    def model_post_init(self, _ctx: object) -> None:
+        want_keys, want_axes = KIND_SCHEMA[self.kind]
+        if self.key_fields != want_keys:
+            raise ValueError(f"key_fields must be {list(want_keys)} for kind {self.kind}")
+        if tuple(self.axes) != want_axes:
+            raise ValueError(f"axes must be {list(want_axes)} for kind {self.kind}")
+        axes = tuple(np.asarray(v, dtype=np.float64) for v in self.axes.values())
+        for name, a in zip(want_axes, axes, strict=True):
+            if a.size == 0 or not np.all(np.isfinite(a)) or np.any(np.diff(a) <= 0):
+                raise ValueError(f"axis '{name}' must be non-empty and strictly increasing")
+        shape = tuple(a.size for a in axes)
+        grids: dict[tuple, np.ndarray] = {}
+        for i, g in enumerate(self.groups):
+            if len(g.key) != len(want_keys):
+                raise ValueError(f"groups[{i}].key must have {len(want_keys)} entries")
+            try:
+                grid = np.array(g.latency_us, dtype=np.float64)  # None -> nan
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"groups[{i}].latency_us is not a numeric grid") from exc
+            if grid.shape != shape:
+                raise ValueError(f"groups[{i}].latency_us has shape {grid.shape}, want {shape}")
+            measured = grid[np.isfinite(grid)]
+            if measured.size == 0 or np.any(measured <= 0):
+                raise ValueError(f"groups[{i}].latency_us needs positive values (null = missing)")
+            if g.key in grids:
+                raise ValueError(f"groups[{i}].key {list(g.key)} is repeated")
+            grids[g.key] = grid
+        self._axes = axes
+        self._grids = grids
+
+    @property
+    def axis_arrays(self) -> tuple[np.ndarray, ...]:
+        """Continuous axes as float64 arrays, in grid order."""
+        return self._axes
+
+    @property
+    def grids(self) -> dict[tuple, np.ndarray]:
+        """key tuple -> float64 grid (nan where not measured). Do not mutate."""
+        return self._grids
+
+
+@dataclass(frozen=True, eq=False)
+class ProfileSet:
+    """Everything measured for one (GPU, backend): hardware facts and kernel tables."""
+
+    gpu: str
+    backend: str
+    root: Path
+    system: SystemSpec
+    tables: dict[str, GridTable]
+    #: scratch space for derived arrays (prepared grids, fitted efficiencies)
+    cache: dict = field(default_factory=dict, repr=False)
+
+    def table(self, kind: str) -> GridTable | None:
+        return self.tables.get(kind)
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except orjson.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object at the top level")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise UserError(
+            f"{path}: format_version {version!r} is not supported, expected {FORMAT_VERSION}"
+        )
+    return data
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "file"
+    return f"{where}: {err['msg']}"
+
+
+def read_table(path: Path) -> GridTable:
+    """Read and validate one kernel table; malformed files raise a one-line UserError."""
+    path = Path(path)
+    data = _load_json(path)
+    try:
+        return GridTable.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"{path}: {_first_error(exc)}") from None
+
+
+def read_system(path: Path) -> SystemSpec:
+    """Read and validate one system.json."""
+    path = Path(path)
+    data = _load_json(path)
+    try:
+        spec = SystemSpec.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"{path}: {_first_error(exc)}") from None
+    if "bfloat16" not in spec.peak_tflops:
+        raise UserError(f"{path}: peak_tflops needs a 'bfloat16' entry")
+    return spec
+
+
+def _finite_or_none(x: float) -> float | None:
+    return None if not math.isfinite(x) else x
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write a profile file compactly (one line, no NaN: missing cells become null)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS) + b"\n")
+
+
+def grid_to_lists(grid: np.ndarray, digits: int = 4) -> list:
+    """Nested lists with values rounded to `digits` significant digits, nan -> None."""
+    flat = [
+        _finite_or_none(float(f"{v:.{digits}g}")) if math.isfinite(v) else None
+        for v in grid.ravel().tolist()
+    ]
+    arr = np.array(flat, dtype=object).reshape(grid.shape)
+    return arr.tolist()
+
+
+def available_gpus(profiles_dir: Path) -> list[str]:
+    """GPU ids with a system.json under `profiles_dir`, sorted."""
+    root = Path(profiles_dir)
+    return sorted(p.parent.name for p in root.glob("*/system.json"))
+
+
+def load_profile_set(profiles_dir: Path, gpu: str, backend: str = "vllm") -> ProfileSet:
+    """Load (and cache) the profile set for `gpu` under `backend`.
+
+    Kernel families that have no file are simply absent; lookups then fall back
+    to the calibrated roofline (see `interp`). Raises UserError when the GPU or
+    the backend folder does not exist.
+    """
+    return _load_cached(Path(profiles_dir).resolve(), gpu, backend)
+
+
+@lru_cache(maxsize=64)
+def _load_cached(root: Path, gpu: str, backend: str) -> ProfileSet:
+    gpu_dir = root / gpu
+    if not (gpu_dir / "system.json").is_file():
+        known = ", ".join(available_gpus(root)) or "none"
+        raise UserError(f"{gpu_dir / 'system.json'}: no profile for GPU '{gpu}' (have: {known})")
+    system = read_system(gpu_dir / "system.json")
+    backend_dir = gpu_dir / backend
+    if not backend_dir.is_dir():
+        have = sorted(p.name for p in gpu_dir.iterdir() if p.is_dir()) or ["none"]
+        raise UserError(f"{backend_dir}: no '{backend}' tables for {gpu} (have: {', '.join(have)})")
+    tables: dict[str, GridTable] = {}
+    for kind in KIND_SCHEMA:
+        path = backend_dir / f"{kind}.json"
+        if path.is_file():
+            table = read_table(path)
+            if table.kind != kind:
+                raise UserError(f"{path}: kind is '{table.kind}', expected '{kind}'")
+            tables[kind] = table
+    return ProfileSet(gpu=gpu, backend=backend, root=root, system=system, tables=tables)
