@@ -9,6 +9,7 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Any
 
+from opweave_planner.errors import UserError
 from opweave_planner.spec.hardware import Hardware, load_hardware
 from opweave_planner.spec.model import ModelSpec, load_model
 from opweave_planner.structure.blocks import detect_blocks
@@ -87,3 +88,108 @@ def inspect_model(model: str, blocks: bool = False, max_owners: int = 3) -> dict
 
 def gpu_catalog(catalog: str | None = None, prices: str | None = None) -> Hardware:
     return load_hardware(catalog, prices)
+
+
+def parse_duration_ms(text: str, field: str = "--slo") -> float:
+    """'60ms', '0.06s', '60000us' -> milliseconds; a bare number is ambiguous."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|us|µs)\s*", str(text))
+    if not m:
+        if re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", str(text)):
+            raise UserError(f"{field}: '{text}' has no unit; write e.g. 60ms, 0.06s or 60000us")
+        raise UserError(f"{field}: '{text}' is not a duration; expected e.g. 60ms, 0.06s or 60000us")
+    value = float(m.group(1)) * {"ms": 1.0, "s": 1e3, "us": 1e-3, "µs": 1e-3}[m.group(2)]
+    if value <= 0:
+        raise UserError(f"{field}: '{text}' must be positive")
+    return value
+
+
+def parse_tokens(text: str, field: str = "--ctx") -> int:
+    """'32k' -> 32768, '131072' -> 131072."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+)\s*([kKmM]?)\s*", str(text))
+    if not m:
+        raise UserError(f"{field}: '{text}' is not a token count; expected e.g. 32k or 131072")
+    value = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
+    if value <= 0:
+        raise UserError(f"{field}: '{text}' must be positive")
+    return value
+
+
+def default_gpus(hw: Hardware, profiles_dir: str | None = None) -> tuple[str, ...]:
+    """Every catalog GPU type that has shipped (or given) profiles."""
+    from pathlib import Path
+
+    from opweave_planner.data import shipped_dir
+    from opweave_planner.latency.tables import available_gpus
+
+    root = Path(profiles_dir) if profiles_dir else shipped_dir("profiles")
+    have = set(available_gpus(root))
+    return tuple(g for g in hw.ids() if g in have)
+
+
+def make_request(model: str, slo: str | float, ctx: str | int, gpus: str | None = None,
+                 policy: str = "opweave", catalog: str | None = None, prices: str | None = None,
+                 profiles_dir: str | None = None, backend: str = "vllm", pareto: bool = True,
+                 bnb: bool = True, network_gbps: float | None = None,
+                 network_latency_us: float | None = None, reserve_gb: float | None = None,
+                 **space_kw):
+    """Validate user-level inputs into a SearchRequest."""
+    from opweave_planner.policies import POLICIES
+    from opweave_planner.search.space import SearchRequest, SearchSpace
+
+    load_model(model)  # fail early with a clear message
+    hw = load_hardware(catalog, prices)
+    slo_ms = slo if isinstance(slo, (int, float)) else parse_duration_ms(slo)
+    context = ctx if isinstance(ctx, int) else parse_tokens(ctx)
+    if policy not in POLICIES:
+        raise UserError(f"--policy: unknown policy '{policy}'; expected one of {', '.join(POLICIES)}")
+    if gpus:
+        ids = tuple(dict.fromkeys(hw.resolve(g).id for g in gpus.split(",") if g.strip()))
+    else:
+        ids = default_gpus(hw, profiles_dir)
+    if not ids:
+        raise UserError("--gpus: no GPU type selected; expected e.g. h100 or h100,a100")
+    if network_gbps is not None and network_gbps <= 0:
+        raise UserError("--network-bandwidth: must be positive")
+    space = SearchSpace(gpus=ids, policy=policy, **space_kw)
+    return SearchRequest(model=model, context=context, slo_ms=float(slo_ms), space=space,
+                         catalog=catalog, prices=prices, profiles_dir=profiles_dir, backend=backend,
+                         network_gbps=network_gbps, network_latency_us=network_latency_us,
+                         reserve_gb=reserve_gb, use_pareto=pareto, use_bnb=bnb)
+
+
+def _infeasible_reason(ctx, jobs: int) -> str:
+    """Name the binding constraint when no plan meets the request."""
+    from opweave_planner.search.driver import run_search
+
+    req = ctx.request
+    relaxed = run_search(ctx, jobs=jobs, slo_ms=float("inf"), latency_objective=True)
+    if relaxed.best is None:
+        seq = ctx.seq
+        kv = seq.kv_bytes(req.context) / 2**30
+        w = seq.weight_bytes() / 2**30
+        biggest = max((c.gpu.memory_bytes * c.parallel.tp for c in ctx.arrays.configs), default=0) / 2**30
+        return (f"no memory-feasible plan within {req.space.max_gpus} GPUs: weights are {w:.1f} GiB and one "
+                f"request's KV/state at {req.context} tokens is {kv:.2f} GiB, while the largest device "
+                f"group ({', '.join(req.space.gpus)}, TP up to {max(req.space.tps)}) holds {biggest:.0f} GiB")
+    fastest = relaxed.best.t_rtt_us / 1e3
+    return (f"the lowest achievable TPOT is {fastest:.1f} ms > SLO {req.slo_ms:g} ms "
+            f"(policy {req.space.policy}, GPUs {','.join(req.space.gpus)})")
+
+
+def plan(req, jobs: int = 1, progress=None):
+    """Run the search; return (Plan, None) or (None, Infeasible)."""
+    from opweave_planner.plan import SCHEMA_VERSION, Infeasible, Workload, build_plan
+    from opweave_planner.search.driver import make_context, run_search
+
+    ctx = make_context(req)
+    outcome = run_search(ctx, jobs=jobs, progress=progress)
+    if outcome.best is None:
+        reason = _infeasible_reason(ctx, jobs)
+        return None, Infeasible(schema_version=SCHEMA_VERSION, model=ctx.seq.model.name,
+                                workload=Workload(context_tokens=req.context, tpot_slo_ms=req.slo_ms),
+                                policy=req.space.policy, reason=reason)
+    return build_plan(ctx, outcome.best, outcome), None

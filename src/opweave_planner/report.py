@@ -82,3 +82,21 @@ def render_gpus(hw) -> None:
     con.print(t)
     n = hw.network
     con.print(f"network: {n.inter_node_gbps:g} GB/s, {n.inter_node_latency_us:g} us latency between nodes")
+
+
+def render_plan_summary(plan) -> None:
+    """A one-screen summary of a plan on stderr."""
+    from rich.table import Table
+
+    con = _console(stderr=True)
+    con.print(f"{plan.model} @ {plan.workload.context_tokens} tokens, SLO {plan.workload.tpot_slo_ms:g} ms, "
+              f"policy {plan.policy}: {plan.usd_per_million_tokens:.4f} USD/M tokens, TPOT "
+              f"{plan.tpot_ms:.2f} ms, {plan.gpus_total} GPUs, {plan.num_stages} stages, "
+              f"B={plan.global_batch}, mu={plan.microbatches}")
+    t = Table()
+    for col in ("owner", "gpu", "TP", "EP", "replicas", "resident batch", "microbatch", "stages", "busy"):
+        t.add_column(col, justify="right")
+    for o in plan.owners:
+        t.add_row(str(o.index), o.gpu, str(o.tensor_parallel), str(o.expert_parallel), str(o.replicas),
+                  str(o.resident_batch), str(o.microbatch), str(len(o.stage_positions)), f"{o.busy_fraction:.0%}")
+    con.print(t)

@@ -1,1 +1,48 @@
+"""Attention-FFN disaggregation (AFD): how many attention instances per FFN instance.
 
+Modules: ``workload`` (theta, nu^2 of the per-slot stationary load), ``provisioning``
+(mean-field and barrier-aware ratio rules), ``simulator`` (discrete-event bundle
+simulation and barrier Monte Carlo), ``calibrate`` (latency coefficients from samples).
+Names are resolved lazily so importing one module does not compile the simulator; the
+``calibrate`` function is reached through its module (the names would collide).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "LengthDist": "workload",
+    "ParametricWorkload": "workload",
+    "TraceWorkload": "workload",
+    "load_trace": "workload",
+    "trace_moments": "workload",
+    "LatencyCoefficients": "provisioning",
+    "PAPER_SECTION_52": "provisioning",
+    "kappa": "provisioning",
+    "expected_excess": "provisioning",
+    "barrier_load": "provisioning",
+    "barrier_overhead": "provisioning",
+    "tau_mf": "provisioning",
+    "tau_gaussian": "provisioning",
+    "per_instance_throughput": "provisioning",
+    "optimal_ratio_mf": "provisioning",
+    "optimal_ratio_gaussian": "provisioning",
+    "ratio_table": "provisioning",
+    "RatioOptimum": "provisioning",
+    "simulate_bundle": "simulator",
+    "SimulationResult": "simulator",
+    "barrier_overhead_mc": "simulator",
+    "fit_line": "calibrate",
+    "Calibration": "calibrate",
+    "LineFit": "calibrate",
+}
+
+__all__ = [*_EXPORTS]  # noqa: PLE0604 - names resolved lazily below
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -26,8 +26,12 @@ from scipy.special import log_ndtr
 from opweave_planner.errors import UserError
 
 PAPER_SECTION_52 = {
-    "alpha_a": 0.00165, "beta_a": 50.0, "alpha_f": 0.083,
-    "beta_f": 100.0, "alpha_c": 0.022, "beta_c": 20.0,
+    "alpha_a": 0.00165,
+    "beta_a": 50.0,
+    "alpha_f": 0.083,
+    "beta_f": 100.0,
+    "alpha_c": 0.022,
+    "beta_c": 20.0,
 }
 """Section 5.2 / Table 3 coefficients (cycles; DeepSeek-V3 on Ascend 910C)."""
 
@@ -50,10 +54,14 @@ class LatencyCoefficients:
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             if not math.isfinite(value) or value < 0:
-                raise UserError(f"latency coefficient {name}: expected a finite number >= 0, got {value}")
+                raise UserError(
+                    f"latency coefficient {name}: expected a finite number >= 0, got {value}"
+                )
         if self.alpha_f == 0 and self.alpha_c == 0:
-            raise UserError("latency coefficients alpha_f, alpha_c: expected at least one > 0 "
-                            "(otherwise adding attention instances is free and r* is unbounded)")
+            raise UserError(
+                "latency coefficients alpha_f, alpha_c: expected at least one > 0 "
+                "(otherwise adding attention instances is free and r* is unbounded)"
+            )
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -169,17 +177,22 @@ def optimal_ratio_mf(coef: LatencyCoefficients, batch: int, theta: float) -> Rat
             cross_f = -math.inf
         named = {
             "attention": min(cross_c, cross_f),
-            "communication": math.sqrt(coef.beta_c / (coef.alpha_c * batch)) if coef.alpha_c else math.inf,
+            "communication": math.sqrt(coef.beta_c / (coef.alpha_c * batch))
+            if coef.alpha_c
+            else math.inf,
             "ffn": math.sqrt(coef.beta_f / (coef.alpha_f * batch)) if coef.alpha_f else math.inf,
             "communication-ffn": (
                 (coef.beta_c - coef.beta_f) / (batch * (coef.alpha_f - coef.alpha_c))
-                if coef.alpha_f != coef.alpha_c else math.inf
+                if coef.alpha_f != coef.alpha_c
+                else math.inf
             ),
         }
     valid = {k: v for k, v in named.items() if math.isfinite(v) and v > 0}
     if not valid:
-        raise UserError("latency coefficients: no positive finite candidate ratio; "
-                        "expected beta_c or beta_f > 0, or attention slower than the shared stage")
+        raise UserError(
+            "latency coefficients: no positive finite candidate ratio; "
+            "expected beta_c or beta_f > 0, or attention slower than the shared stage"
+        )
     rs = np.array(list(valid.values()))
     thr = per_instance_throughput(batch, rs, tau_mf(coef, batch, theta, rs))
     best = int(np.argmax(thr))
@@ -192,17 +205,23 @@ def optimal_ratio_mf(coef: LatencyCoefficients, batch: int, theta: float) -> Rat
         balance = f"{regime} fixed cost = {regime} per-request cost"
     r_best = float(rs[best])
     return RatioOptimum(
-        r=r_best, throughput=float(thr[best]), tau=float(tau_mf(coef, batch, theta, r_best)),
-        regime=regime, balance=balance, candidates={k: float(v) for k, v in named.items()},
+        r=r_best,
+        throughput=float(thr[best]),
+        tau=float(tau_mf(coef, batch, theta, r_best)),
+        regime=regime,
+        balance=balance,
+        candidates={k: float(v) for k, v in named.items()},
     )
 
 
 def _binding_stage(coef: LatencyCoefficients, batch: int, theta: float, r: float) -> str:
     """Which mean-field term sets the cycle time at ``r`` (ties go to attention, then FFN)."""
     n = r * batch
-    terms = {"attention": coef.alpha_a * batch * theta + coef.beta_a,
-             "ffn": coef.alpha_f * n + coef.beta_f,
-             "communication": coef.alpha_c * n + coef.beta_c}
+    terms = {
+        "attention": coef.alpha_a * batch * theta + coef.beta_a,
+        "ffn": coef.alpha_f * n + coef.beta_f,
+        "communication": coef.alpha_c * n + coef.beta_c,
+    }
     return max(terms, key=lambda k: terms[k])
 
 
@@ -235,11 +254,19 @@ def optimal_ratio_gaussian(
         r_best, best_thr = float(grid[i]), float(values[i])
     tau = float(tau_gaussian(coef, batch, theta, nu, np.array([r_best]))[0])
     regime = _binding_stage(coef, batch, theta, r_best)
-    return RatioOptimum(r=float(r_best), throughput=best_thr, tau=tau, regime=regime,
-                        balance="numerical optimum of the Gaussian throughput", candidates={})
+    return RatioOptimum(
+        r=float(r_best),
+        throughput=best_thr,
+        tau=tau,
+        regime=regime,
+        balance="numerical optimum of the Gaussian throughput",
+        candidates={},
+    )
 
 
-def ratio_table(coef: LatencyCoefficients, batch: int, theta: float, nu: float, r) -> dict[str, np.ndarray]:
+def ratio_table(
+    coef: LatencyCoefficients, batch: int, theta: float, nu: float, r
+) -> dict[str, np.ndarray]:
     """Per-r columns: kappa_r, barrier overhead, both cycle times and both throughputs."""
     r = np.asarray(r, dtype=np.float64)
     t_mf = tau_mf(coef, batch, theta, r)

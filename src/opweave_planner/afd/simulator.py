@@ -43,7 +43,15 @@ StartState = Literal["stationary", "cold"]
 
 @njit(cache=True)
 def _bundle_kernel(
-    coef, batch, n_inflight, slot_p, slot_d, slot_age, queue_p, queue_d, n_stable,
+    coef,
+    batch,
+    n_inflight,
+    slot_p,
+    slot_d,
+    slot_age,
+    queue_p,
+    queue_d,
+    n_stable,
 ):  # pragma: no cover - compiled
     """Run the bundle until every queued request completes.
 
@@ -52,7 +60,14 @@ def _bundle_kernel(
     ``queue_*`` are (r, M) int64 arrays of requests waiting per instance.
     Returns ([t80, t_end, mean attention busy, FFN busy, barrier, jobs], completion times, completion decode lengths, TPOTs).
     """
-    alpha_a, beta_a, alpha_f, beta_f, alpha_c, beta_c = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5]
+    alpha_a, beta_a, alpha_f, beta_f, alpha_c, beta_c = (
+        coef[0],
+        coef[1],
+        coef[2],
+        coef[3],
+        coef[4],
+        coef[5],
+    )
     r = slot_p.shape[0]
     n_slots = slot_p.shape[1]
     n_queue = queue_p.shape[1]
@@ -216,9 +231,13 @@ def simulate_bundle(
     shape_s, shape_q = (r, slots), (r, n - slots)
     total = r * n
     n_stable = math.ceil(stable_fraction * total)
-    coef_arr = np.array([coef.alpha_a, coef.beta_a, coef.alpha_f, coef.beta_f, coef.alpha_c, coef.beta_c])
-    stats, comp_t, comp_d, comp_tpot = _bundle_kernel(
-        coef_arr, batch, k,
+    coef_arr = np.array(
+        [coef.alpha_a, coef.beta_a, coef.alpha_f, coef.beta_f, coef.alpha_c, coef.beta_c]
+    )
+    stats, _comp_t, comp_d, comp_tpot = _bundle_kernel(
+        coef_arr,
+        batch,
+        k,
         np.ascontiguousarray(p0.reshape(shape_s), dtype=np.int64),
         np.ascontiguousarray(d0.reshape(shape_s), dtype=np.int64),
         np.ascontiguousarray(age0.reshape(shape_s), dtype=np.int64),
@@ -229,18 +248,26 @@ def simulate_bundle(
     t80 = float(stats[0])
     tokens = float(comp_d[:n_stable].sum())
     return SimulationResult(
-        r=r, batch=batch, requests=total,
+        r=r,
+        batch=batch,
+        requests=total,
         throughput_per_instance=tokens / t80 / (r + 1),
         tpot=float(comp_tpot.mean()),
         idle_attention=1.0 - float(stats[2]) / t80,
         idle_ffn=1.0 - float(stats[3]) / t80,
-        t_stable=t80, t_total=float(stats[1]),
-        barrier_overhead=float(stats[4]), steps=int(stats[5]),
+        t_stable=t80,
+        t_total=float(stats[1]),
+        barrier_overhead=float(stats[4]),
+        steps=int(stats[5]),
     )
 
 
 def barrier_overhead_mc(
-    workload: Workload, batch: int, r_values, trials: int = 50_000, seed: int = 0,
+    workload: Workload,
+    batch: int,
+    r_values,
+    trials: int = 50_000,
+    seed: int = 0,
     chunk_slots: int = 4_000_000,
 ) -> np.ndarray:
     """Monte Carlo relative overhead E[max_j T_j] / E[T] - 1 of the slowest of r workers.

@@ -43,7 +43,9 @@ class LengthDist:
 
     def __post_init__(self) -> None:
         if self.kind not in ("geometric", "fixed"):
-            raise UserError(f"length distribution: expected 'geometric' or 'fixed', got {self.kind!r}")
+            raise UserError(
+                f"length distribution: expected 'geometric' or 'fixed', got {self.kind!r}"
+            )
         if not math.isfinite(self.mean) or self.mean < 1:
             raise UserError(f"{self.kind} length mean: expected a number >= 1, got {self.mean}")
         if self.kind == "fixed" and self.mean != int(self.mean):
@@ -105,8 +107,12 @@ class Workload:
         raise NotImplementedError
 
     def describe(self) -> dict:
-        return {"theta": self.theta, "nu2": self.nu2, "mean_prompt": self.mean_prompt,
-                "mean_decode": self.mean_decode}
+        return {
+            "theta": self.theta,
+            "nu2": self.nu2,
+            "mean_prompt": self.mean_prompt,
+            "mean_decode": self.mean_decode,
+        }
 
 
 class ParametricWorkload(Workload):
@@ -133,9 +139,12 @@ class ParametricWorkload(Workload):
         return prompt, decode, age
 
     def describe(self) -> dict:
-        return {**super().describe(), "source": "parametric",
-                "prompt": {"dist": self.prompt.kind, "mean": self.prompt.mean},
-                "decode": {"dist": self.decode.kind, "mean": self.decode.mean}}
+        return {
+            **super().describe(),
+            "source": "parametric",
+            "prompt": {"dist": self.prompt.kind, "mean": self.prompt.mean},
+            "decode": {"dist": self.decode.kind, "mean": self.decode.mean},
+        }
 
 
 def trace_moments(prompt: np.ndarray, decode: np.ndarray) -> tuple[float, float]:
@@ -149,7 +158,9 @@ def trace_moments(prompt: np.ndarray, decode: np.ndarray) -> tuple[float, float]
     total = d.sum()
     theta = float((d * p + d * (d - 1.0) / 2.0).sum() / total)
     c = p - theta
-    nu2 = float((d * c * c + c * d * (d - 1.0) + d * (d - 1.0) * (2.0 * d - 1.0) / 6.0).sum() / total)
+    nu2 = float(
+        (d * c * c + c * d * (d - 1.0) + d * (d - 1.0) * (2.0 * d - 1.0) / 6.0).sum() / total
+    )
     return theta, nu2
 
 
@@ -182,8 +193,12 @@ class TraceWorkload(Workload):
         return self.prompt[idx], decode, np.minimum(age, decode - 1)
 
     def describe(self) -> dict:
-        return {**super().describe(), "source": "trace", "trace": self.name,
-                "requests": int(self.prompt.size)}
+        return {
+            **super().describe(),
+            "source": "trace",
+            "trace": self.name,
+            "requests": int(self.prompt.size),
+        }
 
 
 def _find_column(header: list[str], names: tuple[str, ...], path: Path) -> int:

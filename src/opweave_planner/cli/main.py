@@ -18,12 +18,59 @@ app = typer.Typer(
 )
 
 
+@app.callback(invoke_without_command=True)
+def main(
+    ctx: typer.Context,
+    model: str = typer.Option(None, "--model", "-m", help="Bundled model name or a Hugging Face config.json"),
+    slo: str = typer.Option(None, "--slo", help="TPOT SLO with a unit: 60ms, 0.06s, 60000us"),
+    context: str = typer.Option(None, "--ctx", help="Context length in tokens: 32k = 32768, or 131072"),
+    gpus: str = typer.Option(None, "--gpus", help="GPU types: h100 (homogeneous) or h100,a100 (any mix); default: every profiled type"),
+    policy: str = typer.Option("opweave", "--policy", help="opweave | colocated | afd | cad"),
+    out: str = typer.Option(None, "--out", "-o", help="Write the plan JSON here (atomically) instead of stdout"),
+    fmt: str = typer.Option("json", "--format", help="json | table (table goes to stderr as well)"),
+    prices: str = typer.Option(None, "--prices", help="TOML/JSON: GPU id -> USD per GPU-hour"),
+    catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
+    profiles_dir: str = typer.Option(None, "--profiles", help="Profile folder (default: shipped)"),
+    backend: str = typer.Option("vllm", "--backend", help="Profile backend"),
+    network_bandwidth: float = typer.Option(None, "--network-bandwidth", help="Inter-node GB/s (default 32)"),
+    network_latency: float = typer.Option(None, "--network-latency", help="Inter-node latency in us (default 20)"),
+    max_gpus: int = typer.Option(32, "--max-gpus", help="GPU budget of a plan"),
+    no_pareto: bool = typer.Option(False, "--no-pareto", help="Disable per-owner Pareto frontiers"),
+    no_bnb: bool = typer.Option(False, "--no-bnb", help="Disable branch-and-bound pruning"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes (same result as 1)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or summary on stderr"),
+) -> None:
+    """Emit the cheapest plan whose TPOT meets the SLO (run with --model, --slo and --ctx)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from opweave_planner.errors import UserError
+
+    if model is None or slo is None or context is None:
+        missing = [n for n, v in (("--model", model), ("--slo", slo), ("--ctx", context)) if v is None]
+        if len(missing) == 3:
+            print(ctx.get_help())
+            raise typer.Exit(0)
+        raise UserError(f"{', '.join(missing)} required; e.g. opweave-plan --model gemma-3-27b --slo 60ms --ctx 32k")
+    if fmt not in ("json", "table"):
+        raise UserError(f"--format: '{fmt}' unknown; expected json or table")
+    if jobs < 1:
+        raise UserError("--jobs: expected a positive integer")
+    from opweave_planner.cli.run_plan import run_plan
+
+    run_plan(model=model, slo=slo, context=context, gpus=gpus, policy=policy, out=out, fmt=fmt,
+             prices=prices, catalog=catalog, profiles_dir=profiles_dir, backend=backend,
+             network_bandwidth=network_bandwidth, network_latency=network_latency, max_gpus=max_gpus,
+             pareto=not no_pareto, bnb=not no_bnb, jobs=jobs, quiet=quiet)
+
+
 def run() -> None:
     """Console-script entry: map library errors to one stderr line and an exit code."""
     from opweave_planner.errors import UserError
 
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -5,7 +5,9 @@
 The efficiencies are fitted per GPU to its measured tables (`fit_efficiency`):
 
 * ``eff_bw`` and ``attention_overhead_us``: decode attention (bf16 KV, full
-  attention), the memory-bound class, as ``t = c + bytes/(bw*eff)``;
+  attention), the memory-bound class, as ``t = c + bytes/(bw*eff)`` over the
+  calls that stream at least 128 MiB (so that L2-resident calls do not inflate
+  the apparent bandwidth); the intercept is then refitted over all calls;
 * ``overhead_us``: the median excess over the ideal roofline of small GEMMs
   (m <= 16, n*k <= 2**22), i.e. the launch/tail cost of a short kernel;
 * ``eff_flops``: large bf16 GEMMs (m, n, k >= 1024), the compute-bound class,
@@ -187,7 +189,11 @@ def moe_work(
 
 
 def elementwise_work(
-    tokens, hidden: int, reads: int = 1, writes: int = 1, flops_per_elem: float = 4.0,
+    tokens,
+    hidden: int,
+    reads: int = 1,
+    writes: int = 1,
+    flops_per_elem: float = 4.0,
     dtype: str = "bfloat16",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bytes, flops) of a norm / activation / rotary-style pass over [tokens, hidden]."""
@@ -224,10 +230,11 @@ class FitReport:
 
     def lines(self) -> list[str]:
         e = self.efficiency
-        out = [
+        head = (
             f"{self.gpu}/{self.backend}: eff_bw={e.bw:.3f} eff_flops={e.flops:.3f} "
             f"overhead={e.overhead_us:.2f}us attention_overhead={e.attention_overhead_us:.2f}us"
-        ]
+        )
+        out = [head]
         out += [
             f"  {c.name}: n={c.n_points} median={100 * c.median_rel_err:.1f}% "
             f"p90={100 * c.p90_rel_err:.1f}%"
@@ -283,10 +290,17 @@ def _fit(ps) -> FitReport | None:
                 xs.append(nbytes / (bw * 1e3))
                 ts.append(t)
             att_x, att_t = np.concatenate(xs), np.concatenate(ts)
-            a_mat = np.stack([1.0 / att_t, att_x / att_t], axis=1)
-            (c, slope), *_ = np.linalg.lstsq(a_mat, np.ones_like(att_t), rcond=None)
-            c_att = float(max(c, 0.0))
+            # Slope from calls that stream >= 128 MiB (beyond any L2), intercept jointly.
+            use = att_x * (bw * 1e3) >= 2.0**27
+            if use.sum() < 10:
+                use = np.ones_like(use)
+            x, t = att_x[use], att_t[use]
+            a_mat = np.stack([1.0 / t, x / t], axis=1)
+            (_c, slope), *_ = np.linalg.lstsq(a_mat, np.ones_like(t), rcond=None)
             eff_bw = float(np.clip(1.0 / slope, 0.05, 1.0)) if slope > 0 else eff_bw
+            # Intercept over all calls with the slope held: relative least squares.
+            resid = att_t - att_x / eff_bw
+            c_att = float(max(np.sum(resid / att_t**2) / np.sum(1.0 / att_t**2), 0.0))
     g_pts = []
     if gemm_t is not None:
         g_pts = measured_points(gemm_t, lambda k: k[0] == "bfloat16")
@@ -311,17 +325,28 @@ def _fit(ps) -> FitReport | None:
     eff = Efficiency(bw=eff_bw, flops=eff_fl, overhead_us=overhead, attention_overhead_us=c_att)
     if att_t is not None:
         pred = att_x / eff.bw + c_att
-        classes.append(ClassFit("attention bf16 (memory-bound class)", att_t.size,
-                                *_rel_errors(pred, att_t)))
+        classes.append(
+            ClassFit("attention bf16 (memory-bound class)", att_t.size, *_rel_errors(pred, att_t))
+        )
     if g_t:
         pred = roofline_us(nbytes, fl, bw, peak, eff)
         classes.append(ClassFit("gemm bf16 all shapes", t.size, *_rel_errors(pred, t)))
         if big.any():
-            classes.append(ClassFit("gemm bf16 m,n,k>=1024 (compute class)", int(big.sum()),
-                                    *_rel_errors(pred[big], t[big])))
+            classes.append(
+                ClassFit(
+                    "gemm bf16 m,n,k>=1024 (compute class)",
+                    int(big.sum()),
+                    *_rel_errors(pred[big], t[big]),
+                )
+            )
         if small.any():
-            classes.append(ClassFit("gemm bf16 m<=16 small (overhead class)", int(small.sum()),
-                                    *_rel_errors(pred[small], t[small])))
+            classes.append(
+                ClassFit(
+                    "gemm bf16 m<=16 small (overhead class)",
+                    int(small.sum()),
+                    *_rel_errors(pred[small], t[small]),
+                )
+            )
     return FitReport(gpu=ps.gpu, backend=ps.backend, efficiency=eff, classes=tuple(classes))
 
 
@@ -342,8 +367,12 @@ def nearest_efficiency(
         return DEFAULT_EFFICIENCY, "default"
     if mean:
         effs = [e for _, _, e in fits.values()]
-        avg = Efficiency(*(float(np.mean([getattr(e, f) for e in effs]))
-                           for f in ("bw", "flops", "overhead_us", "attention_overhead_us")))
+        avg = Efficiency(
+            *(
+                float(np.mean([getattr(e, f) for e in effs]))
+                for f in ("bw", "flops", "overhead_us", "attention_overhead_us")
+            )
+        )
         return avg, "mean(" + ",".join(sorted(fits)) + ")"
 
     def dist(item: tuple[str, tuple[float, float, Efficiency]]) -> tuple[float, str]:

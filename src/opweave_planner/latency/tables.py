@@ -38,6 +38,7 @@ __all__ = [
     "load_profile_set",
     "read_system",
     "read_table",
+    "table_payload",
     "write_json",
 ]
 
@@ -117,6 +118,7 @@ class GridTable(BaseModel):
     backend_version: str = ""
     device: str = ""
     source: str = ""
+    notes: str = ""
     key_fields: tuple[str, ...]
     axes: dict[str, tuple[float, ...]]
     groups: tuple[_Group, ...]
@@ -246,6 +248,63 @@ def grid_to_lists(grid: np.ndarray, digits: int = 4) -> list:
     ]
     arr = np.array(flat, dtype=object).reshape(grid.shape)
     return arr.tolist()
+
+
+def _monotone_measured(grid: np.ndarray) -> int:
+    """Running max along every axis over measured cells (nan stays nan); returns cells raised."""
+    before = grid.copy()
+    for ax in range(grid.ndim):
+        missing = np.isnan(grid)
+        filled = np.fmax.accumulate(np.where(missing, -np.inf, grid), axis=ax)
+        grid[...] = np.where(missing, np.nan, filled)
+    changed = np.isfinite(before) & (grid > before)
+    return int(changed.sum())
+
+
+def table_payload(
+    kind: str,
+    gpu: str,
+    backend: str,
+    points: dict[tuple, float],
+    *,
+    backend_version: str = "",
+    device: str = "",
+    source: str = "",
+    notes: str = "",
+) -> dict:
+    """Build a GridTable JSON payload from ``{(*key, *coords): latency_us}``.
+
+    Axes are the sorted distinct coordinates; every grid is made monotone
+    non-decreasing along each axis (running max over measured cells, the count
+    is recorded in ``notes``) and rounded to 4 significant digits.
+    """
+    key_fields, axis_names = KIND_SCHEMA[kind]
+    nk = len(key_fields)
+    axes = [sorted({p[nk + i] for p in points}) for i in range(len(axis_names))]
+    index = [{v: j for j, v in enumerate(a)} for a in axes]
+    grids: dict[tuple, np.ndarray] = {}
+    for p, lat in points.items():
+        grid = grids.setdefault(p[:nk], np.full([len(a) for a in axes], np.nan))
+        grid[tuple(index[i][c] for i, c in enumerate(p[nk:]))] = lat
+    raised = sum(_monotone_measured(g) for g in grids.values())
+    cells = sum(int(np.isfinite(g).sum()) for g in grids.values())
+    note = f"{cells} measured cells; running max raised {raised} noisy cells"
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "gpu": gpu,
+        "backend": backend,
+        "backend_version": backend_version,
+        "device": device,
+        "source": source,
+        "notes": f"{notes}; {note}" if notes else note,
+        "key_fields": list(key_fields),
+        "axes": dict(zip(axis_names, axes, strict=True)),
+        "groups": [
+            {"key": list(k), "latency_us": grid_to_lists(grids[k])}
+            for k in sorted(grids, key=lambda k: tuple(str(x).zfill(12) for x in k))
+        ],
+    }
 
 
 def available_gpus(profiles_dir: Path) -> list[str]:

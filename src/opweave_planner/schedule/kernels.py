@@ -31,7 +31,7 @@ import numba
 import numpy as np
 
 #: Iterations of the periodicity search before falling back to the cycle-mean computation.
-MAX_ITERATIONS = 200
+MAX_ITERATIONS = 64
 #: Normalised states kept for the periodicity check; periods up to HISTORY - 1 are found.
 HISTORY = 24
 #: Relative tolerance (against the per-iteration work) for "the state repeated".

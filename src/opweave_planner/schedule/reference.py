@@ -39,8 +39,9 @@ from dataclasses import dataclass
 
 #: Normalised states kept for the periodicity check (periods up to this are detected).
 HISTORY = 64
-#: Iteration cap of ``steady_state``; reaching it raises ``SteadyStateNotReached``.
-MAX_ITERATIONS = 20_000
+#: Iteration cap of ``steady_state``; reaching it raises ``SteadyStateNotReached`` (and
+#: ``simulate_rtt`` falls back to ``rtt_by_cycle_mean``, like the kernel).
+MAX_ITERATIONS = 64
 #: Relative tolerance (against the per-iteration work) for "the state repeated".
 REPEAT_RTOL = 1e-12
 #: A resource whose busy fraction is at least 1 - SATURATED_TOL counts as saturated.
@@ -253,8 +254,16 @@ def steady_state(owner, t, occ, lat, mu: int, n_owners: int,
 
 
 def simulate_rtt(owner, t, occ, lat, mu: int, n_owners: int) -> float:
-    """Steady-state time between consecutive iterations of one microbatch."""
-    return steady_state(owner, t, occ, lat, mu, n_owners).t_rtt
+    """Steady-state time between consecutive iterations of one microbatch.
+
+    The periodicity search answers almost every plan within a few iterations; when two
+    cycle means nearly tie the transient can last millions of iterations, and the same
+    number is computed as the maximum cycle mean instead.
+    """
+    try:
+        return steady_state(owner, t, occ, lat, mu, n_owners).t_rtt
+    except SteadyStateNotReached:
+        return rtt_by_cycle_mean(owner, t, occ, lat, mu, n_owners)
 
 
 def transition_matrix(owner, t, occ, lat, mu: int, n_owners: int):
@@ -267,7 +276,7 @@ def transition_matrix(owner, t, occ, lat, mu: int, n_owners: int):
     A = [[-math.inf] * len(used) for _ in used]
     for b, comp in enumerate(used):
         unit = [-math.inf] * n_state
-        unit[comp] = 0.0
+        unit[comp] = 0  # an int zero keeps exact (Fraction) inputs exact
         out = run_iteration(owner, t, occ, lat, mu, n_owners, State.from_list(unit, n_owners))
         values = out.as_list()
         for a, row in enumerate(used):
@@ -276,9 +285,12 @@ def transition_matrix(owner, t, occ, lat, mu: int, n_owners: int):
 
 
 def max_cycle_mean(A) -> float:
-    """Karp's maximum cycle mean of the graph with edge b -> a weighted A[a][b]."""
+    """Karp's maximum cycle mean of the graph with edge b -> a weighted A[a][b].
+
+    Exact when the weights are Fractions (tests use that as an independent oracle).
+    """
     n = len(A)
-    D = [[0.0] * n] + [[-math.inf] * n for _ in range(n)]
+    D = [[0] * n] + [[-math.inf] * n for _ in range(n)]
     for k in range(1, n + 1):
         for a in range(n):
             D[k][a] = max(D[k - 1][b] + A[a][b] for b in range(n))

@@ -1,0 +1,346 @@
+"""`opweave-plan afd`: attention/FFN ratio rules and the bundle simulator.
+
+Only typer and the standard library are imported here; numpy, numba and the afd modules
+are imported inside the commands so that `opweave-plan --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Attention-FFN disaggregation: provision the rA-1F ratio under stochastic workloads.",
+)
+
+_COEF_HELP = "(default: the paper's Section 5.2 value)"
+Batch = Annotated[int, typer.Option("--batch", "-B", help="Requests per attention microbatch B.")]
+AlphaA = Annotated[float | None, typer.Option(help=f"Attention time per token {_COEF_HELP}.")]
+BetaA = Annotated[float | None, typer.Option(help=f"Attention fixed time {_COEF_HELP}.")]
+AlphaF = Annotated[float | None, typer.Option(help=f"FFN time per request {_COEF_HELP}.")]
+BetaF = Annotated[float | None, typer.Option(help=f"FFN fixed time {_COEF_HELP}.")]
+AlphaC = Annotated[
+    float | None, typer.Option(help=f"A<->F transfer time per request {_COEF_HELP}.")
+]
+BetaC = Annotated[float | None, typer.Option(help=f"A<->F transfer fixed time {_COEF_HELP}.")]
+PromptMean = Annotated[float, typer.Option(help="Mean prompt length (parametric workload).")]
+PromptDist = Annotated[
+    str, typer.Option(help="Prompt length law: geometric (on 1,2,...) or fixed.")
+]
+DecodeMean = Annotated[
+    float, typer.Option(help="Mean decode lifetime in steps (parametric workload).")
+]
+DecodeDist = Annotated[
+    str, typer.Option(help="Decode lifetime law: geometric (on 1,2,...) or fixed.")
+]
+Trace = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace",
+        help="CSV trace with prompt and decode columns; replaces the parametric workload.",
+    ),
+]
+JsonOut = Annotated[
+    bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")
+]
+
+
+def _parse_ratios(text: str, integers: bool) -> list:
+    from opweave_planner.errors import UserError
+
+    kind = "positive integers" if integers else "positive numbers"
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part) if integers else float(part)
+        except ValueError:
+            raise UserError(f"--r: expected comma-separated {kind}, got {part!r}") from None
+        if not 0 < value < float("inf"):
+            raise UserError(f"--r: expected comma-separated {kind}, got {part!r}")
+        values.append(value)
+    return values
+
+
+def _setup(batch, coefs: dict, prompt_mean, prompt_dist, decode_mean, decode_dist, trace):
+    """Validate shared options and build (coefficients, workload)."""
+    from opweave_planner.afd.provisioning import PAPER_SECTION_52, LatencyCoefficients
+    from opweave_planner.afd.workload import LengthDist, ParametricWorkload, load_trace
+    from opweave_planner.errors import UserError
+
+    if batch < 1:
+        raise UserError(f"--batch: expected an integer >= 1, got {batch}")
+    values = {k: (PAPER_SECTION_52[k] if v is None else v) for k, v in coefs.items()}
+    coef = LatencyCoefficients(**values)
+    if trace is not None:
+        workload = load_trace(trace)
+    else:
+        workload = ParametricWorkload(
+            LengthDist(prompt_dist, prompt_mean), LengthDist(decode_dist, decode_mean)
+        )
+    return coef, workload
+
+
+def _emit_json(obj) -> None:
+    import orjson
+
+    sys.stdout.write(
+        orjson.dumps(
+            obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY
+        ).decode()
+        + "\n"
+    )
+
+
+def _header(console, coef, workload, batch) -> None:
+    w = workload.describe()
+    console.print(
+        f"workload: theta = {w['theta']:.4g}, nu^2 = {w['nu2']:.6g} "
+        f"(mean prompt {w['mean_prompt']:.4g}, mean decode {w['mean_decode']:.4g}); B = {batch}"
+    )
+    console.print("coefficients: " + ", ".join(f"{k} = {v:g}" for k, v in coef.as_dict().items()))
+
+
+def _ratio_report(coef, workload, batch, ratios) -> dict:
+    from opweave_planner.afd import provisioning as pv
+
+    mu_a, sigma_a = pv.attention_moments(coef, batch, workload.theta, workload.nu)
+    mf = pv.optimal_ratio_mf(coef, batch, workload.theta)
+    gauss = pv.optimal_ratio_gaussian(coef, batch, workload.theta, workload.nu)
+    table = pv.ratio_table(coef, batch, workload.theta, workload.nu, ratios)
+    rows = [{k: float(v[i]) for k, v in table.items()} for i in range(len(ratios))]
+    return {
+        "batch": batch,
+        "coefficients": coef.as_dict(),
+        "workload": workload.describe(),
+        "mu_a": mu_a,
+        "sigma_a": sigma_a,
+        "mean_field": {
+            "r": mf.r,
+            "regime": mf.regime,
+            "balance": mf.balance,
+            "tau": mf.tau,
+            "throughput": mf.throughput,
+            "candidates": mf.candidates,
+        },
+        "gaussian": {
+            "r": gauss.r,
+            "regime": gauss.regime,
+            "tau": gauss.tau,
+            "throughput": gauss.throughput,
+        },
+        "table": rows,
+    }
+
+
+@app.command()
+def ratio(
+    r: Annotated[
+        str, typer.Option("--r", help="Ratios for the table, comma-separated.")
+    ] = "1,2,4,8,16,24,32",
+    batch: Batch = 256,
+    alpha_a: AlphaA = None,
+    beta_a: BetaA = None,
+    alpha_f: AlphaF = None,
+    beta_f: BetaF = None,
+    alpha_c: AlphaC = None,
+    beta_c: BetaC = None,
+    prompt_mean: PromptMean = 100.0,
+    prompt_dist: PromptDist = "geometric",
+    decode_mean: DecodeMean = 500.0,
+    decode_dist: DecodeDist = "geometric",
+    trace: Trace = None,
+    json: JsonOut = False,
+) -> None:
+    """Optimal attention/FFN ratio: r*_mf with its regime, r*_G, and a table over r."""
+    coef, workload = _setup(
+        batch,
+        {
+            "alpha_a": alpha_a,
+            "beta_a": beta_a,
+            "alpha_f": alpha_f,
+            "beta_f": beta_f,
+            "alpha_c": alpha_c,
+            "beta_c": beta_c,
+        },
+        prompt_mean,
+        prompt_dist,
+        decode_mean,
+        decode_dist,
+        trace,
+    )
+    report = _ratio_report(coef, workload, batch, _parse_ratios(r, integers=False))
+    if json:
+        _emit_json(report)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    _header(console, coef, workload, batch)
+    mf, g = report["mean_field"], report["gaussian"]
+    console.print(f"mu_A = {report['mu_a']:.6g}, sigma_A = {report['sigma_a']:.6g}")
+    console.print(
+        f"r*_mf = {mf['r']:.4g} ({mf['regime']} regime, {mf['balance']}), "
+        f"throughput/instance {mf['throughput']:.4g}"
+    )
+    console.print(
+        f"r*_G  = {g['r']:.4g} (barrier-aware), throughput/instance {g['throughput']:.4g}"
+    )
+    table = Table("r", "kappa_r", "sync overhead", "tau_mf", "tau_G", "thr_mf", "thr_G")
+    for row in report["table"]:
+        table.add_row(
+            f"{row['r']:g}",
+            f"{row['kappa']:.4f}",
+            f"{100 * row['barrier_overhead']:.2f}%",
+            f"{row['tau_mf']:.5g}",
+            f"{row['tau_g']:.5g}",
+            f"{row['throughput_mf']:.4f}",
+            f"{row['throughput_g']:.4f}",
+        )
+    console.print(table)
+
+
+@app.command()
+def simulate(
+    r: Annotated[
+        str, typer.Option("--r", help="Attention instances per FFN, comma-separated integers.")
+    ] = ("1,2,4,8,16,24,32"),
+    batch: Batch = 256,
+    alpha_a: AlphaA = None,
+    beta_a: BetaA = None,
+    alpha_f: AlphaF = None,
+    beta_f: BetaF = None,
+    alpha_c: AlphaC = None,
+    beta_c: BetaC = None,
+    prompt_mean: PromptMean = 100.0,
+    prompt_dist: PromptDist = "geometric",
+    decode_mean: DecodeMean = 500.0,
+    decode_dist: DecodeDist = "geometric",
+    trace: Trace = None,
+    requests: Annotated[
+        int, typer.Option(help="Completed requests per attention instance.")
+    ] = 10_000,
+    seed: Annotated[
+        int, typer.Option(help="Random seed; the same seed gives the same output.")
+    ] = 0,
+    batches_in_flight: Annotated[
+        int, typer.Option(help="Batches cycling through A and F (paper: 2).")
+    ] = 2,
+    start: Annotated[
+        str, typer.Option(help="Initial slots: stationary or cold (all fresh).")
+    ] = "stationary",
+    mc: Annotated[
+        bool, typer.Option("--mc", help="Monte Carlo barrier overhead (Table 1) instead.")
+    ] = False,
+    trials: Annotated[int, typer.Option(help="Monte Carlo trials per r (with --mc).")] = 50_000,
+    json: JsonOut = False,
+) -> None:
+    """Discrete-event simulation of the rA-1F bundle for each r (or, with --mc, the barrier Monte Carlo)."""
+    from opweave_planner.errors import UserError
+
+    coef, workload = _setup(
+        batch,
+        {
+            "alpha_a": alpha_a,
+            "beta_a": beta_a,
+            "alpha_f": alpha_f,
+            "beta_f": beta_f,
+            "alpha_c": alpha_c,
+            "beta_c": beta_c,
+        },
+        prompt_mean,
+        prompt_dist,
+        decode_mean,
+        decode_dist,
+        trace,
+    )
+    ratios = _parse_ratios(r, integers=True)
+    from opweave_planner.afd import provisioning as pv
+    from opweave_planner.afd import simulator as sim
+
+    if mc:
+        if trials < 1:
+            raise UserError(f"--trials: expected an integer >= 1, got {trials}")
+        got = sim.barrier_overhead_mc(workload, batch, ratios, trials=trials, seed=seed)
+        clt = pv.barrier_overhead(batch, workload.theta, workload.nu, ratios)
+        report = {
+            "batch": batch,
+            "workload": workload.describe(),
+            "seed": seed,
+            "trials": trials,
+            "rows": [
+                {"r": k, "mc": float(a), "clt": float(b)} for k, a, b in zip(ratios, got, clt)
+            ],
+        }
+    else:
+        rows = []
+        for k in ratios:
+            res = sim.simulate_bundle(
+                coef,
+                workload,
+                k,
+                batch,
+                requests,
+                seed=seed,
+                batches_in_flight=batches_in_flight,
+                start=start,
+            )
+            rows.append(res.as_dict())
+        best = max(rows, key=lambda row: row["throughput_per_instance"])
+        report = {
+            "batch": batch,
+            "coefficients": coef.as_dict(),
+            "workload": workload.describe(),
+            "seed": seed,
+            "requests_per_instance": requests,
+            "batches_in_flight": batches_in_flight,
+            "start": start,
+            "results": rows,
+            "best_r": best["r"],
+            "r_mf": pv.optimal_ratio_mf(coef, batch, workload.theta).r,
+            "r_g": pv.optimal_ratio_gaussian(coef, batch, workload.theta, workload.nu).r,
+        }
+    if json:
+        _emit_json(report)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    w = workload.describe()
+    console.print(
+        f"workload: theta = {w['theta']:.4g}, nu^2 = {w['nu2']:.6g}; B = {batch}; seed = {seed}"
+    )
+    if mc:
+        table = Table("r", "MC overhead", "CLT overhead", "difference (pp)")
+        for row in report["rows"]:
+            table.add_row(
+                str(row["r"]),
+                f"{100 * row['mc']:.2f}%",
+                f"{100 * row['clt']:.2f}%",
+                f"{100 * (row['mc'] - row['clt']):+.2f}",
+            )
+        console.print(table)
+        return
+    table = Table("r", "throughput/inst", "TPOT", "idle A", "idle F", "barrier", "T_80")
+    for row in report["results"]:
+        table.add_row(
+            str(row["r"]),
+            f"{row['throughput_per_instance']:.4f}",
+            f"{row['tpot']:.5g}",
+            f"{100 * row['idle_attention']:.1f}%",
+            f"{100 * row['idle_ffn']:.1f}%",
+            f"{100 * row['barrier_overhead']:.2f}%",
+            f"{row['t_stable']:.6g}",
+        )
+    console.print(table)
+    console.print(
+        f"best simulated r = {report['best_r']}; r*_mf = {report['r_mf']:.4g}; r*_G = {report['r_g']:.4g}"
+    )

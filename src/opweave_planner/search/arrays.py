@@ -1,0 +1,117 @@
+"""Plain arrays the numba kernels consume, built once per search (and per worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
+from opweave_planner.spec.hardware import GIB, GpuType, Hardware
+from opweave_planner.structure.operators import OperatorSequence
+from opweave_planner.structure.templates import StagePlan, boundary_payload
+
+DEFAULT_RESERVE_GB = 3.5  # framework + CUDA context + allocator slack per GPU (aiconfigurator's figure)
+NCCL_RESERVE_GB = {1: 0.0, 2: 0.334, 4: 0.383, 8: 0.383}  # NCCL buffers by TP group size
+
+
+@dataclass(frozen=True)
+class Config:
+    gpu: GpuType
+    parallel: Parallel
+
+
+@dataclass
+class SearchArrays:
+    configs: list[Config]
+    mb_grid: tuple[int, ...]
+    pref: np.ndarray  # [C, M, N+1] latency prefix sums, µs
+    wpref: np.ndarray  # [C, N+1] per-GPU weight bytes prefix sums
+    kvpref: np.ndarray  # [C, N+1] per-GPU KV/state bytes per request prefix sums
+    moe_pref: np.ndarray  # [N+1] count of routed-expert operators
+    cfg_tp: np.ndarray
+    cfg_price: np.ndarray
+    cfg_mem: np.ndarray  # usable bytes per GPU after reserves
+    cfg_ws: np.ndarray  # workspace bytes per request per GPU
+    cfg_ep: np.ndarray
+    mb_index: np.ndarray  # b_hat -> grid index (or -1)
+    bw: float  # bytes per µs
+    lat: float  # µs
+
+
+def build_arrays(seq: OperatorSequence, hw: Hardware, gpus: tuple[str, ...], tps: tuple[int, ...],
+                 moe_ep: bool, context: int, mb_grid: tuple[int, ...], profiles_dir: str | None,
+                 backend: str, reserve_gb: float | None) -> SearchArrays:
+    has_moe = any(op.kind == "moe_up" for op in seq.ops)
+    configs = []
+    for gid in gpus:
+        g = hw.resolve(gid)
+        for tp in tps:
+            if tp > g.gpus_per_node:
+                continue
+            configs.append(Config(g, Parallel(tp)))
+            if has_moe and moe_ep and tp > 1:
+                configs.append(Config(g, Parallel(tp, moe_ep=True)))
+    n = seq.n
+    c_n, m_n = len(configs), len(mb_grid)
+    pref = np.zeros((c_n, m_n, n + 1))
+    wpref = np.zeros((c_n, n + 1))
+    kvpref = np.zeros((c_n, n + 1))
+    max_out = max(op.out_bytes for op in seq.ops)
+    reserve = DEFAULT_RESERVE_GB if reserve_gb is None else reserve_gb
+    cfg_mem, cfg_ws = np.zeros(c_n), np.zeros(c_n)
+    for c, cfg in enumerate(configs):
+        tp = cfg.parallel.tp
+        lat = op_latencies(seq, cfg.gpu, cfg.parallel, context, mb_grid, profiles_dir, backend)
+        pref[c, :, 1:] = np.cumsum(lat.lat_us.T, axis=1)
+        wpref[c, 1:] = np.cumsum([weight_shard(op, tp) for op in seq.ops])
+        kvpref[c, 1:] = np.cumsum([kv_shard(op, tp, context) for op in seq.ops])
+        cfg_mem[c] = cfg.gpu.memory_bytes - (reserve + NCCL_RESERVE_GB.get(tp, 0.383)) * GIB
+        # activation buffers (a few live tensors) and the fp32 logits slice
+        cfg_ws[c] = 4 * max_out + 4.0 * seq.model.vocab_size / tp
+    moe_pref = np.zeros(n + 1, np.int64)
+    moe_pref[1:] = np.cumsum([op.kind in ("moe_up", "moe_down") for op in seq.ops])
+    mb_index = np.full(max(mb_grid) + 1, -1, np.int64)
+    for i, b in enumerate(mb_grid):
+        mb_index[b] = i
+    return SearchArrays(
+        configs=configs, mb_grid=mb_grid, pref=pref, wpref=wpref, kvpref=kvpref, moe_pref=moe_pref,
+        cfg_tp=np.array([c.parallel.tp for c in configs], np.int64),
+        cfg_price=np.array([c.gpu.price_per_hour for c in configs]),
+        cfg_mem=cfg_mem, cfg_ws=cfg_ws,
+        cfg_ep=np.array([c.parallel.moe_ep for c in configs]),
+        mb_index=mb_index,
+        bw=hw.network.inter_node_gbps * 1e3,
+        lat=hw.network.inter_node_latency_us,
+    )
+
+
+@dataclass(frozen=True)
+class StageArrays:
+    owner: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    payload: np.ndarray
+    k: int
+
+
+def stage_arrays(seq: OperatorSequence, plan: StagePlan) -> StageArrays:
+    k = max(plan.owner) + 1
+    start = np.array([ops[0] for ops in plan.ops], np.int64)
+    end = np.array([(ops[-1] + 1) for ops in plan.ops], np.int64)
+    end[end == seq.n] = seq.n  # a stage ending at lm_head ends at N
+    if plan.n_stages == 1:
+        start[:], end[:] = 0, seq.n
+    return StageArrays(np.array(plan.owner, np.int64), start, end,
+                       np.array(boundary_payload(seq, plan)), k)
+
+
+def owner_ok(arrays: SearchArrays, st: StageArrays) -> np.ndarray:
+    """cfg_ok[o, c]: expert-parallel variants only for owners holding routed experts."""
+    owns_moe = np.zeros(st.k, bool)
+    for j in range(st.owner.size):
+        s, e = st.start[j], st.end[j]
+        cnt = arrays.moe_pref[e] - arrays.moe_pref[s] if e > s else (
+            arrays.moe_pref[-1] - arrays.moe_pref[s] + arrays.moe_pref[e])
+        owns_moe[st.owner[j]] |= cnt > 0
+    return np.array([[owns_moe[o] or not ep for ep in arrays.cfg_ep] for o in range(st.k)])

@@ -1,0 +1,102 @@
+"""`afd ratio` and `afd simulate` through typer's test runner."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from opweave_planner.cli.afd import app
+from opweave_planner.errors import UserError
+
+runner = CliRunner()
+
+
+def _json(args):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return orjson.loads(result.stdout)
+
+
+def test_ratio_json_reports_both_rules_and_a_row_per_r():
+    out = _json(["ratio", "--json", "--r", "1,2,8"])
+    assert out["workload"]["theta"] == pytest.approx(599.0)
+    assert out["mean_field"]["regime"] == "attention"
+    assert out["mean_field"]["r"] == pytest.approx(out["mean_field"]["candidates"]["attention"])
+    assert [row["r"] for row in out["table"]] == [1.0, 2.0, 8.0]
+    assert out["table"][1]["kappa"] == pytest.approx(0.5641895835, abs=1e-9)
+    assert out["gaussian"]["throughput"] < out["mean_field"]["throughput"]
+
+
+def test_ratio_options_change_the_answer():
+    base = _json(["ratio", "--json"])["mean_field"]["r"]
+    heavier = _json(["ratio", "--json", "--decode-mean", "1000", "--alpha-f", "0.05"])[
+        "mean_field"
+    ]["r"]
+    assert heavier > base
+
+
+def test_ratio_table_output_mentions_both_ratios():
+    result = runner.invoke(app, ["ratio", "--r", "4,8"])
+    assert result.exit_code == 0
+    assert "r*_mf" in result.stdout and "r*_G" in result.stdout and "7.57%" in result.stdout
+
+
+def test_simulate_is_reproducible_and_reports_the_best_r():
+    args = ["simulate", "--json", "--r", "1,2", "--batch", "16", "--requests", "100", "--seed", "7"]
+    first = _json(args)
+    assert first == _json(args)
+    assert first["best_r"] in (1, 2) and len(first["results"]) == 2
+    assert first["results"][0]["requests"] == 100
+
+
+def test_simulate_monte_carlo_mode():
+    out = _json(["simulate", "--mc", "--json", "--r", "2,4", "--trials", "500"])
+    assert [row["r"] for row in out["rows"]] == [2, 4]
+    assert all(abs(row["mc"] - row["clt"]) < 0.01 for row in out["rows"])
+
+
+def test_trace_drives_the_workload(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("prompt,decode\n10,4\n0,1\n")
+    out = _json(["ratio", "--json", "--trace", str(trace)])
+    assert out["workload"]["source"] == "trace"
+    assert out["workload"]["theta"] == pytest.approx((10 * 4 + 6) / 5)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["ratio", "--r", "1,x"], "--r: expected comma-separated positive numbers"),
+        (["simulate", "--r", "1.5"], "--r: expected comma-separated positive integers"),
+        (["ratio", "--batch", "0"], "--batch"),
+        (["ratio", "--alpha-a", "-1"], "alpha_a"),
+        (["ratio", "--decode-dist", "zipf"], "length distribution"),
+        (["simulate", "--mc", "--trials", "0"], "--trials"),
+    ],
+)
+def test_bad_input_raises_a_user_error(args, needle):
+    result = runner.invoke(app, args)
+    assert isinstance(result.exception, UserError)
+    assert needle in str(result.exception)
+    assert "\n" not in str(result.exception)
+
+
+def test_bad_trace_row_is_named(tmp_path):
+    trace = tmp_path / "bad.csv"
+    trace.write_text("prompt,decode\n10,4\n5,0\n")
+    result = runner.invoke(app, ["simulate", "--trace", str(trace)])
+    assert isinstance(result.exception, UserError)
+    assert "line 3" in str(result.exception)
+
+
+def test_module_import_stays_light():
+    code = (
+        "import sys, opweave_planner.cli.afd; "
+        "print(any(m in sys.modules for m in ('numpy', 'numba', 'scipy')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,95 @@
+"""Profile format: round trip, validation messages, cached loading of the shipped tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from opweave_planner.data import shipped_dir
+from opweave_planner.errors import UserError
+from opweave_planner.latency.tables import (
+    FORMAT_VERSION,
+    available_gpus,
+    load_profile_set,
+    read_system,
+    read_table,
+    table_payload,
+    write_json,
+)
+
+PROFILES = shipped_dir("profiles")
+
+
+def _tiny_payload() -> dict:
+    pts = {("bfloat16", 64, 32, m): 1.0 + m / 3 for m in (1, 2, 4)}
+    pts[("bfloat16", 128, 32, 1)] = 2.5
+    return table_payload("gemm", "tiny", "vllm", pts, backend_version="0", source="test")
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "gemm.json"
+    write_json(path, _tiny_payload())
+    table = read_table(path)
+    assert table.format_version == FORMAT_VERSION
+    assert table.axes["m"] == (1, 2, 4)
+    np.testing.assert_allclose(table.grids[("bfloat16", 64, 32)], [1.333, 1.667, 2.333])
+    assert np.isnan(table.grids[("bfloat16", 128, 32)][1:]).all()
+    write_json(tmp_path / "again.json", table.model_dump())
+    assert read_table(tmp_path / "again.json").grids.keys() == table.grids.keys()
+
+
+def test_payload_is_monotone_and_counts_raised_cells():
+    pts = {("bfloat16", 8, 8, m): v for m, v in ((1, 5.0), (2, 4.0), (4, 6.0))}
+    payload = table_payload("gemm", "g", "b", pts)
+    assert payload["groups"][0]["latency_us"] == [5.0, 5.0, 6.0]
+    assert "raised 1" in payload["notes"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d.update(format_version=99), "format_version 99 is not supported"),
+        (lambda d: d.update(kind="nope"), "kind"),
+        (lambda d: d["groups"][0].update(latency_us=[1.0]), "shape"),
+        (lambda d: d["groups"][0].update(latency_us=[-1.0, 1.0, 2.0]), "positive"),
+        (lambda d: d.update(key_fields=["n", "k"]), "key_fields must be"),
+        (lambda d: d["axes"].update(m=[4, 2, 1]), "strictly increasing"),
+        (lambda d: d.update(surprise=1), "surprise"),
+    ],
+)
+def test_bad_table_is_one_line_user_error(tmp_path, mutate, expected):
+    data = _tiny_payload()
+    mutate(data)
+    path = tmp_path / "gemm.json"
+    path.write_bytes(orjson.dumps(data))
+    with pytest.raises(UserError) as err:
+        read_table(path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg and expected in msg
+
+
+def test_not_json_and_missing(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{nope")
+    with pytest.raises(UserError, match="not valid JSON"):
+        read_table(bad)
+    with pytest.raises(UserError, match="file not found"):
+        read_system(tmp_path / "missing.json")
+
+
+def test_shipped_profiles_load():
+    assert {"h100", "h200", "a100", "l40s"} <= set(available_gpus(PROFILES))
+    for gpu in ("h100", "h200", "a100", "l40s"):
+        ps = load_profile_set(PROFILES, gpu, "vllm")
+        assert {"gemm", "attention", "allreduce"} <= set(ps.tables)
+        assert ps.system.memory_bandwidth_gbps > 500
+        assert ps.system.peak("bfloat16") > 100
+    assert load_profile_set(PROFILES, "h100") is load_profile_set(PROFILES, "h100", "vllm")
+
+
+def test_unknown_gpu_or_backend():
+    with pytest.raises(UserError, match="no profile for GPU 'b300'"):
+        load_profile_set(PROFILES, "b300")
+    with pytest.raises(UserError, match="no 'sglang' tables"):
+        load_profile_set(PROFILES, "h100", "sglang")
