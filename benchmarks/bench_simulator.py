@@ -75,8 +75,9 @@ def cold_compile_seconds() -> float:
     """Import + first simulate_rtt in a fresh interpreter with an empty numba cache."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-        out = subprocess.run([sys.executable, "-c", _COLD], env=env, capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _COLD], env=env, capture_output=True, text=True, check=True
+        )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -88,7 +89,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
     rng = np.random.default_rng(args.seed)
     mu, n_owners = 4, 2
 
@@ -108,28 +109,35 @@ def main() -> None:
     bench_compile = time.perf_counter() - t0
     cold = cold_compile_seconds()
     print(f"numba {numba.__version__}, numpy {np.__version__}, pinned to 1 core")
-    print(f"warm-up: cold compile (empty cache, fresh process, incl. import) {cold:.2f} s; "
-          f"first simulate_rtt here {first_kernel:.2f} s (cache load or compile); "
-          f"simulate_detail + simulate_many {first_other:.2f} s; "
-          f"benchmark loops {bench_compile:.2f} s")
-    print(f"{'shape':<16}{'S':>4}{'mu':>3}{'sims/s scratch':>16}{'sims/s alloc':>14}"
-          f"{'us/sim':>8}{'iters mean/max':>16}{'fallbacks':>10}")
+    print(
+        f"warm-up: cold compile (empty cache, fresh process, incl. import) {cold:.2f} s; "
+        f"first simulate_rtt here {first_kernel:.2f} s (cache load or compile); "
+        f"simulate_detail + simulate_many {first_other:.2f} s; "
+        f"benchmark loops {bench_compile:.2f} s"
+    )
+    print(
+        f"{'shape':<16}{'S':>4}{'mu':>3}{'sims/s scratch':>16}{'sims/s alloc':>14}"
+        f"{'us/sim':>8}{'iters mean/max':>16}{'fallbacks':>10}"
+    )
     for name, S in (("gemma 2/block", 21), ("AFD every layer", 124)):
         owner = (np.arange(S) % 2).astype(np.int64)
         T, OCC, LAT = _cases(S, args.cases, rng)
         fbuf, ibuf = K.make_scratch(S, mu, n_owners)
         iters, fallbacks = [], 0
         for i in range(args.cases):
-            _, it, _, fb = K.simulate_rtt_info(owner, T[i], OCC[i], LAT[i], mu, n_owners, fbuf,
-                                               ibuf, K.MAX_ITERATIONS)
+            _, it, _, fb = K.simulate_rtt_info(
+                owner, T[i], OCC[i], LAT[i], mu, n_owners, fbuf, ibuf, K.MAX_ITERATIONS
+            )
             iters.append(it)
             fallbacks += int(fb)
         loop_args = (owner, T, OCC, LAT, mu, n_owners)
         scratch = _rate(_loop_scratch, loop_args, args.repeats, args.rounds)
         alloc = _rate(_loop_alloc, loop_args, args.repeats, args.rounds)
         it = f"{np.mean(iters):.2f}/{max(iters)}"
-        print(f"{name:<16}{S:>4}{mu:>3}{scratch:>16,.0f}{alloc:>14,.0f}"
-              f"{1e6 / scratch:>8.2f}{it:>16}{fallbacks:>10d}")
+        print(
+            f"{name:<16}{S:>4}{mu:>3}{scratch:>16,.0f}{alloc:>14,.0f}"
+            f"{1e6 / scratch:>8.2f}{it:>16}{fallbacks:>10d}"
+        )
 
 
 if __name__ == "__main__":

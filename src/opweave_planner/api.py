@@ -140,10 +140,13 @@ def make_request(model: str, slo: str | float, ctx: str | int, gpus: str | None 
     from opweave_planner.policies import POLICIES
     from opweave_planner.search.space import SearchRequest, SearchSpace
 
-    load_model(model)  # fail early with a clear message
+    spec = load_model(model)  # fail early with a clear message
     hw = load_hardware(catalog, prices)
     slo_ms = slo if isinstance(slo, (int, float)) else parse_duration_ms(slo)
     context = ctx if isinstance(ctx, int) else parse_tokens(ctx)
+    if spec.max_context and context > spec.max_context:
+        raise UserError(f"--ctx: {context} tokens exceeds {spec.name}'s max_position_embeddings "
+                        f"({spec.max_context})")
     if policy not in POLICIES:
         raise UserError(f"--policy: unknown policy '{policy}'; expected one of {', '.join(POLICIES)}")
     if gpus:
@@ -193,3 +196,35 @@ def plan(req, jobs: int = 1, progress=None):
                                 workload=Workload(context_tokens=req.context, tpot_slo_ms=req.slo_ms),
                                 policy=req.space.policy, reason=reason)
     return build_plan(ctx, outcome.best, outcome), None
+
+
+SHOW_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def profile_table(model: str, gpu: str, tp: int, ctx: str | int, microbatches=SHOW_MICROBATCHES,
+                  moe_ep: bool = False, profiles_dir: str | None = None, backend: str = "vllm",
+                  catalog: str | None = None) -> dict[str, Any]:
+    """Per-operator latency (µs) across microbatch sizes with each figure's source."""
+    from opweave_planner.latency.lookup import SOURCE_NAMES, Parallel, op_latencies
+
+    spec = load_model(model)
+    hw = load_hardware(catalog)
+    g = hw.resolve(gpu, "--gpu")
+    if tp not in (1, 2, 4, 8) or tp > g.gpus_per_node:
+        raise UserError(f"--tp: {tp} not supported on {g.id}; expected 1, 2, 4 or 8 within a node")
+    context = ctx if isinstance(ctx, int) else parse_tokens(ctx)
+    seq = build_sequence(spec)
+    lat = op_latencies(seq, g, Parallel(tp, moe_ep), context, tuple(microbatches), profiles_dir, backend)
+    rows: dict[tuple, dict[str, Any]] = {}
+    for i, op in enumerate(seq.ops):
+        key = (op.kind, tuple(lat.lat_us[i]), tuple(lat.source[i]))
+        if key not in rows:
+            rows[key] = {"operator": op.name, "kind": op.kind, "count": 0,
+                         "latency_us": [round(float(x), 3) for x in lat.lat_us[i]],
+                         "source": [SOURCE_NAMES[s] for s in lat.source[i]]}
+        rows[key]["count"] += 1
+    total = lat.lat_us.sum(axis=0)
+    unmeasured = sorted({r["kind"] for r in rows.values() if any(s in ("fitted", "roofline", "clamped") for s in r["source"])})
+    return {"model": spec.name, "gpu": g.id, "tensor_parallel": tp, "expert_parallel": tp if moe_ep else 1,
+            "context_tokens": context, "microbatches": list(microbatches), "operators": list(rows.values()),
+            "decode_step_ms": [round(float(x) / 1e3, 4) for x in total], "not_measured_kinds": unmeasured}

@@ -100,3 +100,24 @@ def render_plan_summary(plan) -> None:
         t.add_row(str(o.index), o.gpu, str(o.tensor_parallel), str(o.expert_parallel), str(o.replicas),
                   str(o.resident_batch), str(o.microbatch), str(len(o.stage_positions)), f"{o.busy_fraction:.0%}")
     con.print(t)
+
+
+def render_profile_table(info: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{info['model']} on {info['gpu']} TP{info['tensor_parallel']} "
+                    f"@ {info['context_tokens']} tokens: latency in µs [source]")
+    t.add_column("operator (first of its kind)")
+    t.add_column("x", justify="right")
+    for mb in info["microbatches"]:
+        t.add_column(f"b={mb}", justify="right")
+    short = {"measured": "M", "interpolated": "I", "clamped": "C", "fitted": "F", "roofline": "R"}
+    for r in info["operators"]:
+        t.add_row(r["operator"], str(r["count"]),
+                  *[f"{v:,.1f} {short[s]}" for v, s in zip(r["latency_us"], r["source"], strict=True)])
+    t.add_row("decode step (ms)", "", *[f"{v:.3f}" for v in info["decode_step_ms"]])
+    con = _console()
+    con.print(t)
+    con.print("sources: M measured, I interpolated, C clamped at a table edge, F fitted roofline, R default roofline")
+    if info["not_measured_kinds"]:
+        con.print(f"not (fully) measured: {', '.join(info['not_measured_kinds'])}")

@@ -138,7 +138,9 @@ def tau_gaussian(coef: LatencyCoefficients, batch: int, theta: float, nu: float,
     g = shared_stage_time(coef, batch, r)
     if sigma_a == 0:
         return np.maximum(mu_a, g)
-    return g + sigma_a * expected_excess(r, (g - mu_a) / sigma_a)
+    with np.errstate(over="ignore", divide="ignore"):  # a tiny sigma_A sends z to +-inf
+        z = (g - mu_a) / sigma_a
+    return g + sigma_a * expected_excess(r, z)
 
 
 def per_instance_throughput(batch: int, r, tau) -> np.ndarray:
@@ -159,6 +161,18 @@ class RatioOptimum:
     candidates: dict[str, float]
 
 
+def _crossing(level: float, slope: float, intercept: float) -> float:
+    """The r where ``slope * r + intercept`` reaches ``level`` (+-inf for a flat line)."""
+    if slope:
+        return (level - intercept) / slope
+    return math.inf if level >= intercept else -math.inf
+
+
+def _stationary_point(slope: float, intercept: float) -> float:
+    """Maximiser of r / ((r + 1)(slope r + intercept)): sqrt(intercept / slope)."""
+    return math.sqrt(intercept / slope) if slope else math.inf
+
+
 def optimal_ratio_mf(coef: LatencyCoefficients, batch: int, theta: float) -> RatioOptimum:
     """Closed-form r*_mf: the best of Theorem 4.4's candidate set.
 
@@ -168,25 +182,16 @@ def optimal_ratio_mf(coef: LatencyCoefficients, batch: int, theta: float) -> Rat
     those two pieces cross.  Candidates that are not positive and finite are dropped.
     """
     mu_a = coef.alpha_a * batch * theta + coef.beta_a
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cross_c = (mu_a - coef.beta_c) / (coef.alpha_c * batch) if coef.alpha_c else math.inf
-        cross_f = (mu_a - coef.beta_f) / (coef.alpha_f * batch) if coef.alpha_f else math.inf
-        if mu_a < coef.beta_c and not coef.alpha_c:
-            cross_c = -math.inf
-        if mu_a < coef.beta_f and not coef.alpha_f:
-            cross_f = -math.inf
-        named = {
-            "attention": min(cross_c, cross_f),
-            "communication": math.sqrt(coef.beta_c / (coef.alpha_c * batch))
-            if coef.alpha_c
-            else math.inf,
-            "ffn": math.sqrt(coef.beta_f / (coef.alpha_f * batch)) if coef.alpha_f else math.inf,
-            "communication-ffn": (
-                (coef.beta_c - coef.beta_f) / (batch * (coef.alpha_f - coef.alpha_c))
-                if coef.alpha_f != coef.alpha_c
-                else math.inf
-            ),
-        }
+    cross_c = _crossing(mu_a, coef.alpha_c * batch, coef.beta_c)
+    cross_f = _crossing(mu_a, coef.alpha_f * batch, coef.beta_f)
+    named = {
+        "attention": min(cross_c, cross_f),
+        "communication": _stationary_point(coef.alpha_c * batch, coef.beta_c),
+        "ffn": _stationary_point(coef.alpha_f * batch, coef.beta_f),
+        "communication-ffn": _crossing(
+            coef.beta_c, batch * (coef.alpha_f - coef.alpha_c), coef.beta_f
+        ),
+    }
     valid = {k: v for k, v in named.items() if math.isfinite(v) and v > 0}
     if not valid:
         raise UserError(
@@ -202,7 +207,8 @@ def optimal_ratio_mf(coef: LatencyCoefficients, batch: int, theta: float) -> Rat
     elif regime == "communication-ffn":
         balance = "communication=ffn"
     else:
-        balance = f"{regime} fixed cost = {regime} per-request cost"
+        short = "c" if regime == "communication" else "f"
+        balance = f"beta_{short} = alpha_{short} B r^2"
     r_best = float(rs[best])
     return RatioOptimum(
         r=r_best,

@@ -58,7 +58,8 @@ def _bundle_kernel(
     ``coef`` = [alpha_a, beta_a, alpha_f, beta_f, alpha_c, beta_c]; ``slot_*`` are
     (r, K*B) int64 arrays (modified in place; ``slot_d == 0`` marks an empty slot);
     ``queue_*`` are (r, M) int64 arrays of requests waiting per instance.
-    Returns ([t80, t_end, mean attention busy, FFN busy, barrier, jobs], completion times, completion decode lengths, TPOTs).
+    Returns (stats, completion times, decode lengths, TPOTs), stats being
+    [t80, t_end, mean attention busy, FFN busy, barrier excess, jobs].
     """
     alpha_a, beta_a, alpha_f, beta_f, alpha_c, beta_c = (
         coef[0],

@@ -185,7 +185,7 @@ class TraceWorkload(Workload):
         return self.prompt[idx], self.decode[idx]
 
     def sample_stationary(self, rng, n):
-        # A random step falls in request i with probability D_i / sum(D): pick it, then a uniform age.
+        # A random step lies in request i with probability D_i / sum(D); its age is uniform.
         u = rng.random(n) * self._cum_decode[-1]
         idx = np.minimum(np.searchsorted(self._cum_decode, u, side="right"), self.prompt.size - 1)
         decode = self.decode[idx]
@@ -219,7 +219,8 @@ def _parse_length(text: str, what: str, minimum: int, path: Path, line: int) -> 
         number = None
     if number is None or number < minimum:
         raise UserError(
-            f"trace {path} line {line}: {what} length must be an integer >= {minimum}, got {value!r}"
+            f"trace {path} line {line}: {what} length must be an integer >= {minimum}, "
+            f"got {value!r}"
         )
     return number
 

@@ -242,7 +242,7 @@ def simulate(
     trials: Annotated[int, typer.Option(help="Monte Carlo trials per r (with --mc).")] = 50_000,
     json: JsonOut = False,
 ) -> None:
-    """Discrete-event simulation of the rA-1F bundle for each r (or, with --mc, the barrier Monte Carlo)."""
+    """Simulate the rA-1F bundle for each r (with --mc: the barrier Monte Carlo instead)."""
     from opweave_planner.errors import UserError
 
     coef, workload = _setup(
@@ -342,5 +342,6 @@ def simulate(
         )
     console.print(table)
     console.print(
-        f"best simulated r = {report['best_r']}; r*_mf = {report['r_mf']:.4g}; r*_G = {report['r_g']:.4g}"
+        f"best simulated r = {report['best_r']}; r*_mf = {report['r_mf']:.4g}; "
+        f"r*_G = {report['r_g']:.4g}"
     )

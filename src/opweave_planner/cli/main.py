@@ -79,13 +79,11 @@ def run() -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as exc:  # click usage errors and friends
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:  # click usage errors (typer vendors click, so match by shape)
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+        if type(exc).__name__ == "Abort":
             sys.exit(1)
         raise
 
@@ -114,3 +112,45 @@ def gpus(
 
     hw = api.gpu_catalog(catalog, prices)
     report.emit_json(hw.model_dump()) if as_json else report.render_gpus(hw)
+
+
+def _register_subcommands() -> None:
+    """Sub-apps live in their own modules; each imports only typer at module level."""
+    from opweave_planner.cli import profiles as profiles_cli
+
+    @profiles_cli.app.command("show")
+    def profiles_show(
+        model: str = typer.Option(..., "--model", "-m"),
+        gpu: str = typer.Option(..., "--gpu"),
+        tp: int = typer.Option(1, "--tp"),
+        context: str = typer.Option("32k", "--ctx"),
+        ep: bool = typer.Option(False, "--ep", help="Experts split across the TP group"),
+        profiles_dir: str = typer.Option(None, "--profiles"),
+        backend: str = typer.Option("vllm", "--backend"),
+        as_json: bool = typer.Option(False, "--json"),
+    ) -> None:
+        """Per-operator latency across microbatch sizes, with where each number comes from."""
+        from opweave_planner import api, report
+
+        info = api.profile_table(model, gpu, tp, context, moe_ep=ep, profiles_dir=profiles_dir, backend=backend)
+        report.emit_json(info) if as_json else report.render_profile_table(info)
+
+    app.add_typer(profiles_cli.app, name="profiles", help="Import, show and measure latency profiles")
+    app.command("profile", help="Measure a model's kernels on the local CUDA GPU (needs the [profile] extra)")(
+        profiles_cli.profile_cmd)
+    for module, attr, name in (("afd", "app", "afd"),):
+        try:
+            mod = __import__(f"opweave_planner.cli.{module}", fromlist=[attr])
+        except ImportError:
+            continue
+        app.add_typer(getattr(mod, attr), name=name)
+    for module, attr, name in (("theory", "theory_cmd", "theory"), ("compare", "compare_cmd", "compare")):
+        try:
+            mod = __import__(f"opweave_planner.cli.{module}", fromlist=[attr])
+        except ImportError:
+            continue
+        if hasattr(mod, attr):
+            app.command(name)(getattr(mod, attr))
+
+
+_register_subcommands()

@@ -102,26 +102,18 @@ def _one_iteration(owner, t, occ, lat, mu, n_owners, x):
         o = owner[j]
         o2 = owner[j + 1] if j + 1 < S else owner[0]
         tj = t[j]
-        cf = x[o]
+        cf = x[o]  # compute stream of the owner; kept in a register over the k loop
         if o == o2:
             for k in range(mu):
-                a = x[r0 + k]
-                s = a if a > cf else cf
-                cf = s + tj
+                cf = max(cf, x[r0 + k]) + tj
                 x[r0 + k] = cf
         else:
-            ef = x[K + o]
-            fi = x[2 * K + o2]
-            if fi > ef:
-                ef = fi
+            ef = max(x[K + o], x[2 * K + o2])  # both endpoints are held together
             oc = occ[j]
             lt = lat[j]
             for k in range(mu):
-                a = x[r0 + k]
-                s = a if a > cf else cf
-                cf = s + tj
-                s = cf if cf > ef else ef
-                ef = s + oc
+                cf = max(cf, x[r0 + k]) + tj
+                ef = max(ef, cf) + oc
                 x[r0 + k] = ef + lt
             x[K + o] = ef
             x[2 * K + o2] = ef
@@ -167,7 +159,7 @@ def _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteration
             x[ibuf[u]] -= off
         slot = r % HISTORY
         # Compare with the states of iterations r - 1, r - 2, ... still in the ring.
-        cmax = r if r < HISTORY - 1 else HISTORY - 1
+        cmax = min(HISTORY - 1, r)
         for c in range(1, cmax + 1):
             prev = (r - c) % HISTORY
             same = True
@@ -254,8 +246,7 @@ def max_cycle_mean(A):
                 w = A[a, b]
                 if w > -np.inf and D[k - 1, b] > -np.inf:
                     cand = D[k - 1, b] + w
-                    if cand > best:
-                        best = cand
+                    best = max(best, cand)
             D[k, a] = best
     lam = -np.inf
     for v in range(n):
@@ -265,10 +256,8 @@ def max_cycle_mean(A):
         for k in range(n):
             if D[k, v] > -np.inf:
                 m = (D[n, v] - D[k, v]) / (n - k)
-                if m < worst:
-                    worst = m
-        if worst > lam:
-            lam = worst
+                worst = min(worst, m)
+        lam = max(lam, worst)
     return lam
 
 
@@ -291,7 +280,7 @@ def simulate_rtt_info(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteratio
 @numba.njit(cache=True)
 def simulate_rtt_scratch(owner, t, occ, lat, mu, n_owners, fbuf, ibuf):
     """``simulate_rtt`` with caller-owned scratch from ``make_scratch`` (no allocation)."""
-    rtt, it, c = _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, MAX_ITERATIONS)
+    rtt, _, c = _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, MAX_ITERATIONS)
     if c == 0:
         return rtt_by_cycle_mean(owner, t, occ, lat, mu, n_owners)
     return rtt
@@ -350,16 +339,13 @@ def critical_resource(comp, egr, ing):
     top = -np.inf
     for arr in (comp, egr, ing):
         for o in range(arr.shape[0]):
-            if arr[o] > top:
-                top = arr[o]
+            top = max(top, arr[o])
     if top < 1.0 - SATURATED_TOL:
         return CRIT_LOOP, -1
-    kd = 0
-    for arr in (comp, egr, ing):
+    for kd, arr in enumerate((comp, egr, ing)):
         for o in range(arr.shape[0]):
             if arr[o] >= top - SATURATED_TOL:
                 return kd, o
-        kd += 1
     return CRIT_LOOP, -1
 
 

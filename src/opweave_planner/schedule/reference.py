@@ -220,8 +220,9 @@ class SteadyState:
     period: int  # c: the state repeats every c iterations, shifted by c * t_rtt
 
 
-def steady_state(owner, t, occ, lat, mu: int, n_owners: int,
-                 max_iterations: int = MAX_ITERATIONS) -> SteadyState:
+def steady_state(
+    owner, t, occ, lat, mu: int, n_owners: int, max_iterations: int = MAX_ITERATIONS
+) -> SteadyState:
     """Iterate from the all-zero state until the state repeats shifted by a constant.
 
     States are normalised so that microbatch 0's ready time is 0; the shifts removed are
@@ -323,8 +324,7 @@ def busy_fractions(owner, t, occ, mu: int, n_owners: int, t_rtt: float):
     if t_rtt <= 0.0:
         return [0.0] * n_owners, [0.0] * n_owners, [0.0] * n_owners
     scale = 1.0 / t_rtt
-    return ([c * scale for c in compute], [e * scale for e in egress],
-            [i * scale for i in ingress])
+    return ([c * scale for c in compute], [e * scale for e in egress], [i * scale for i in ingress])
 
 
 def critical_resource(compute, egress, ingress) -> tuple[int, int]:
@@ -334,8 +334,12 @@ def critical_resource(compute, egress, ingress) -> tuple[int, int]:
     within SATURATED_TOL tie; ties go to the earlier kind, then the lower owner.
     """
     threshold = 1.0 - SATURATED_TOL
-    saturated = [(f, kind, o) for kind, fracs in enumerate((compute, egress, ingress))
-                 for o, f in enumerate(fracs) if f >= threshold]
+    saturated = [
+        (f, kind, o)
+        for kind, fracs in enumerate((compute, egress, ingress))
+        for o, f in enumerate(fracs)
+        if f >= threshold
+    ]
     if not saturated:
         return 3, -1
     top = max(f for f, _, _ in saturated)

@@ -107,6 +107,7 @@ class ModelSpec(Frozen):
     act_bytes: float = 2.0  # activations on the wire
     kv_bytes: float = 2.0  # KV cache / recurrent state element
     source_sha256: str = ""
+    max_context: int = 0  # max_position_embeddings (0: unknown)
 
     @property
     def n_layers(self) -> int:
@@ -254,7 +255,7 @@ def parse_hf_config(raw: dict[str, Any], name: str, where: str, sha: str = "") -
         tie_embeddings=bool(cfg.get("tie_word_embeddings")), layers=tuple(layers),
         norms_per_layer=4 if mt == "gemma3_text" else 2,
         weight_bytes=dense_b, expert_weight_bytes=expert_b, act_bytes=base, kv_bytes=base,
-        source_sha256=sha,
+        source_sha256=sha, max_context=int(cfg.get("max_position_embeddings") or 0),
     )
 
 
