@@ -323,8 +323,11 @@ def busy_fractions(owner, t, occ, mu: int, n_owners: int, t_rtt: float):
             ingress[receiver(owner, j)] += mu * float(occ[j])
     if t_rtt <= 0.0:
         return [0.0] * n_owners, [0.0] * n_owners, [0.0] * n_owners
-    scale = 1.0 / t_rtt
-    return ([c * scale for c in compute], [e * scale for e in egress], [i * scale for i in ingress])
+    return (
+        [c / t_rtt for c in compute],
+        [e / t_rtt for e in egress],
+        [i / t_rtt for i in ingress],
+    )
 
 
 def critical_resource(compute, egress, ingress) -> tuple[int, int]:

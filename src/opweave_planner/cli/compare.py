@@ -1,0 +1,213 @@
+"""`opweave-plan compare`: every policy for every (context, SLO[, network]) cell.
+
+Only typer and the standard library are imported at module import time; the
+search, rich and (optionally) matplotlib are imported inside the command.
+Register with `app.command("compare")(compare_cmd)`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import typer
+
+INFEASIBLE = "✗"
+
+
+def _money(x: float | None) -> str:
+    return INFEASIBLE if x is None else f"${x:.3f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def _net_label(net: dict[str, Any]) -> str:
+    if net.get("gbps") is None and net.get("latency_us") is None:
+        return "default"
+    b = "default" if net.get("gbps") is None else f"{net['gbps']:g}GB/s"
+    la = "default" if net.get("latency_us") is None else f"{net['latency_us']:g}us"
+    return f"{b} / {la}"
+
+
+def render_compare(result: dict[str, Any], console=None) -> None:
+    """Rich tables: cost per policy with ratios; Figure 10-11 metrics; hetero vs homogeneous."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = console or Console(highlight=False)
+    pols = result["policies"]
+    sweep = len(result["networks"]) > 1 or any(v is not None for v in result["networks"][0].values())
+    t = Table(title=f"{result['model']} on {'+'.join(result['gpus'])}: USD per million output tokens")
+    t.add_column("ctx", justify="right")
+    t.add_column("SLO", justify="right")
+    if sweep:
+        t.add_column("network")
+    for p in pols:
+        t.add_column(p, justify="right")
+    t.add_column("best baseline")
+    t.add_column("opweave ×cheaper", justify="right")
+    for c in result["cells"]:
+        row = [c["context"], f"{c['slo_ms']:g} ms"] + ([_net_label(c["network"])] if sweep else [])
+        row += [_money(c["policies"][p]["usd_per_million_tokens"]) for p in pols]
+        row += [c["best_baseline"] or INFEASIBLE, _ratio(c["ratio"])]
+        t.add_row(*row)
+    con.print(t)
+
+    m = Table(title="Plan shape (Figures 10-11): stages | inter-node MiB/token | price-weighted occupancy | per-GPU batch")
+    m.add_column("ctx", justify="right")
+    m.add_column("SLO", justify="right")
+    if sweep:
+        m.add_column("network")
+    for p in pols:
+        m.add_column(p, justify="right")
+    for c in result["cells"]:
+        row = [c["context"], f"{c['slo_ms']:g} ms"] + ([_net_label(c["network"])] if sweep else [])
+        for p in pols:
+            e = c["policies"][p]
+            if not e["feasible"]:
+                row.append(INFEASIBLE)
+            else:
+                row.append(f"{e['num_stages']} | {e['inter_node_mib_per_token']:.3g} | "
+                           f"{100 * e['price_weighted_occupancy']:.0f}% | {e['per_gpu_batch']:.3g}")
+        m.add_row(*row)
+    con.print(m)
+
+    if any("homogeneous" in c for c in result["cells"]):
+        h = Table(title="Heterogeneous vs homogeneous opweave (Section 7.4), USD per million tokens")
+        h.add_column("ctx", justify="right")
+        h.add_column("SLO", justify="right")
+        if sweep:
+            h.add_column("network")
+        h.add_column("+".join(result["gpus"]), justify="right")
+        for g in result["gpus"]:
+            h.add_column(f"{g} only", justify="right")
+        h.add_column("hetero ×cheaper", justify="right")
+        h.add_column("GPU mix")
+        for c in result["cells"]:
+            row = [c["context"], f"{c['slo_ms']:g} ms"] + ([_net_label(c["network"])] if sweep else [])
+            ours = c["policies"]["opweave"]
+            row.append(_money(ours["usd_per_million_tokens"]))
+            row += [_money(c["homogeneous"][g]["usd_per_million_tokens"]) for g in result["gpus"]]
+            row.append(_ratio(c["hetero_ratio"]))
+            row.append(", ".join(f"{n}×{g}" for g, n in ours.get("gpu_mix", {}).items()) or INFEASIBLE)
+            h.add_row(*row)
+        con.print(h)
+    infeasible = [(c, p) for c in result["cells"] for p in pols if not c["policies"][p]["feasible"]]
+    for c, p in infeasible[:8]:
+        con.print(f"{INFEASIBLE} {p} at ctx {c['context']}, SLO {c['slo_ms']:g} ms: {c['policies'][p]['reason']}")
+    if len(infeasible) > 8:
+        con.print(f"… {len(infeasible) - 8} more infeasible cells (see --json)")
+
+
+def plot_compare(result: dict[str, Any], path: str) -> None:
+    """Grouped bars of USD per million tokens per policy and cell (needs matplotlib)."""
+    from opweave_planner.errors import UserError
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib, which is not installed; pip install matplotlib "
+                        "(or drop --plot)") from None
+    pols = result["policies"]
+    cells = result["cells"]
+    sweep = len(result["networks"]) > 1
+    labels = [f"{c['context']}\n{c['slo_ms']:g}ms" + (f"\n{_net_label(c['network'])}" if sweep else "")
+              for c in cells]
+    width = 0.8 / max(len(pols), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(cells) + 2), 4.5))
+    for i, p in enumerate(pols):
+        xs = [j + (i - (len(pols) - 1) / 2) * width for j in range(len(cells))]
+        ys = [c["policies"][p]["usd_per_million_tokens"] for c in cells]
+        bars = ax.bar(xs, [y or 0.0 for y in ys], width, label=p)
+        for x, y in zip(xs, ys):
+            if y is None:
+                ax.text(x, 0, INFEASIBLE, ha="center", va="bottom", color="red", fontsize=9)
+        del bars
+    for j, c in enumerate(cells):
+        if c["ratio"] is not None:
+            top = max((c["policies"][p]["usd_per_million_tokens"] or 0.0) for p in pols)
+            ax.text(j, top * 1.02, f"{c['ratio']:.2f}×", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("USD per million output tokens")
+    ax.set_title(f"{result['model']} on {'+'.join(result['gpus'])}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def compare_cmd(
+    model: str = typer.Option(..., "--model", "-m", help="Bundled model name or a Hugging Face config.json"),
+    context: str = typer.Option("8k,32k,128k", "--ctx", help="Context lengths, comma-separated: 8k,32k,128k"),
+    slo: str = typer.Option("25ms,60ms", "--slo", help="TPOT SLOs with units, comma-separated: 25ms,60ms"),
+    gpus: str = typer.Option(None, "--gpus", help="GPU types: h100, h100,l40s or h100,a100 (several types also "
+                                                  "compares against homogeneous opweave); default: every profiled type"),
+    policies: str = typer.Option("opweave,colocated,afd,cad", "--policies", help="Policies to run"),
+    network_latency: str = typer.Option(None, "--network-latency",
+                                        help="Sweep inter-node latency: 5us,20us,50us,200us,500us"),
+    network_bandwidth: str = typer.Option(None, "--network-bandwidth",
+                                          help="Sweep inter-node bandwidth: 1,2,4,8,16,32GBps"),
+    network_cross: bool = typer.Option(False, "--network-cross",
+                                       help="Sweep the latency x bandwidth cross product instead of one at a time"),
+    max_gpus: int = typer.Option(32, "--max-gpus", help="GPU budget of a plan"),
+    prices: str = typer.Option(None, "--prices", help="TOML/JSON: GPU id -> USD per GPU-hour"),
+    catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
+    profiles_dir: str = typer.Option(None, "--profiles", help="Profile folder (default: shipped)"),
+    as_json: bool = typer.Option(False, "--json", help="Emit the comparison as one JSON document"),
+    plot: str = typer.Option(None, "--plot", help="Also draw grouped bars to this image file (needs matplotlib)"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes per search (same result as 1)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr"),
+) -> None:
+    """Compare opweave against colocated, AFD and CAD for every context and SLO (Figures 9-14)."""
+    from opweave_planner.errors import UserError
+
+    if jobs < 1:
+        raise UserError("--jobs: expected a positive integer")
+    from opweave_planner import compare as cmp
+
+    lat: list[float] = []
+    # a unit written once at the end ("1,2,4GBps") applies to every item
+    bw_items = cmp.split_list(network_bandwidth)
+    if bw_items:
+        import re
+
+        unit = re.search(r"[A-Za-z/]+\s*$", bw_items[-1])
+        bw_items = [x if re.search(r"[A-Za-z]", x) or not unit else x + unit.group(0) for x in bw_items]
+    bw = [cmp.parse_bandwidth_gbps(x) for x in bw_items]
+    lat_items = cmp.split_list(network_latency)
+    if lat_items:
+        import re
+
+        unit = re.search(r"[A-Za-zµ]+\s*$", lat_items[-1])
+        lat_items = [x if re.search(r"[A-Za-zµ]", x) or not unit else x + unit.group(0) for x in lat_items]
+        lat = [cmp.parse_latency_us(x) for x in lat_items]
+    nets = cmp.network_grid(lat, bw, cross=network_cross)
+    show = not quiet and sys.stderr.isatty()
+    start = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        if show:
+            print(f"\r\033[K{msg}", end="", file=sys.stderr, flush=True)
+
+    result = cmp.compare(model, context, slo, gpus=gpus, policies=policies, networks=nets, jobs=jobs,
+                         progress=progress, max_gpus=max_gpus, prices=prices, catalog=catalog,
+                         profiles_dir=profiles_dir)
+    if show:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    if plot:
+        plot_compare(result, plot)
+    if as_json:
+        from opweave_planner.report import emit_json
+
+        emit_json(result)
+    else:
+        render_compare(result)
+    if not quiet:
+        print(f"compare took {time.perf_counter() - start:.1f} s", file=sys.stderr)

@@ -1,0 +1,262 @@
+"""Policy comparison: every policy for every (context, SLO[, network]) cell.
+
+This is the library side of `opweave-plan compare` and of the evaluation
+script in `benchmarks/`. It runs the same search (`api.plan`) once per policy
+and cell and returns plain data (dicts, lists, floats, strings, None) so the
+result round-trips through JSON unchanged:
+
+- per cell and policy: USD per million output tokens (None with the
+  infeasibility reason when no plan meets the SLO) and the Figure 10-11
+  metrics (pipeline stages, inter-node MiB per output token, price-weighted
+  compute occupancy, per-GPU batch);
+- per cell: the "g x cheaper" ratio = best feasible baseline cost / opweave
+  cost (None when opweave or every baseline is infeasible);
+- with several GPU types: homogeneous opweave per type and the ratio best
+  homogeneous cost / heterogeneous cost (Section 7.4).
+
+Every baseline policy is a restriction of the opweave template space searched
+with the same grid, simulator and limits, so wherever a baseline is feasible
+opweave's cost is at most the baseline's (ratio >= 1); likewise heterogeneous
+opweave can use any single type, so its ratio to the best homogeneous plan is
+>= 1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opweave_planner.errors import UserError
+
+POLICY_ORDER = ("opweave", "colocated", "afd", "cad")
+BASELINES = ("colocated", "afd", "cad")
+MIB = 2**20
+
+
+def parse_bandwidth_gbps(text: str, field: str = "--network-bandwidth") -> float:
+    """'4GBps', '4GB/s', '4' -> 4.0 GB/s; '100Gbps', '100Gb/s' -> 12.5 GB/s (bits)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(GBps|GB/s|GB|Gbps|Gb/s|Gbit/s)?\s*", str(text))
+    if not m:
+        raise UserError(f"{field}: '{text}' is not a bandwidth; expected e.g. 4GBps, 4GB/s or 100Gbps")
+    value = float(m.group(1))
+    if m.group(2) in ("Gbps", "Gb/s", "Gbit/s"):
+        value /= 8.0
+    if value <= 0:
+        raise UserError(f"{field}: '{text}' must be positive")
+    return value
+
+
+def parse_latency_us(text: str, field: str = "--network-latency") -> float:
+    """'5us', '0.2ms' -> microseconds."""
+    from opweave_planner.api import parse_duration_ms
+
+    return parse_duration_ms(text, field) * 1e3
+
+
+def split_list(text: str | Sequence[Any] | None) -> list[Any]:
+    """'a,b' or ['a', 'b'] -> ['a', 'b'] (blanks dropped; non-strings kept as they are)."""
+    if text is None:
+        return []
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return [s.strip() if isinstance(s, str) else s for s in items if str(s).strip()]
+
+
+def network_grid(latencies_us: Sequence[float], bandwidths_gbps: Sequence[float],
+                 cross: bool = False) -> list[tuple[float | None, float | None]] | None:
+    """Network settings as (GB/s, us) pairs; None in a pair means the planner default.
+
+    One-at-a-time (the paper's Figure 14): every latency at the default
+    bandwidth, then every bandwidth at the default latency. `cross=True` gives
+    the full cross product instead. No sweep at all returns None (defaults).
+    """
+    lat, bw = list(latencies_us), list(bandwidths_gbps)
+    if not lat and not bw:
+        return None
+    if cross and lat and bw:
+        return [(b, la) for b in bw for la in lat]
+    return [(None, la) for la in lat] + [(b, None) for b in bw]
+
+
+def _label_tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
+
+
+def _f(x: Any) -> float | None:
+    if x is None:
+        return None
+    v = float(x)
+    if v != v or v in (float("inf"), float("-inf")):
+        return None
+    return float(f"{v:.9g}")
+
+
+def plan_entry(plan, infeasible) -> dict[str, Any]:
+    """One policy's outcome in a cell, as plain data."""
+    if plan is None:
+        return {"feasible": False, "usd_per_million_tokens": None, "reason": infeasible.reason}
+    mix: dict[str, int] = {}
+    for o in plan.owners:
+        mix[o.gpu] = mix.get(o.gpu, 0) + o.tensor_parallel * o.replicas
+    return {
+        "feasible": True,
+        "usd_per_million_tokens": _f(plan.usd_per_million_tokens),
+        "reason": None,
+        "tpot_ms": _f(plan.tpot_ms),
+        "num_stages": int(plan.num_stages),
+        "gpus_total": int(plan.gpus_total),
+        "gpu_mix": dict(sorted(mix.items())),
+        "global_batch": int(plan.global_batch),
+        "owners": len(plan.owners),
+        "inter_node_mib_per_token": _f(plan.metrics.inter_node_mib_per_token),
+        "price_weighted_occupancy": _f(plan.metrics.price_weighted_occupancy),
+        "per_gpu_batch": _f(plan.metrics.per_gpu_batch),
+        "critical_resource": plan.metrics.critical_resource,
+    }
+
+
+def _cost(entry: dict[str, Any] | None) -> float | None:
+    return entry.get("usd_per_million_tokens") if entry and entry.get("feasible") else None
+
+
+def cell_summary(policies: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Best feasible baseline and the "g x cheaper" ratio of one cell."""
+    best_pol, best = None, None
+    for pol in BASELINES:
+        c = _cost(policies.get(pol))
+        if c is not None and (best is None or c < best):
+            best_pol, best = pol, c
+    ours = _cost(policies.get("opweave"))
+    ratio = _f(best / ours) if best is not None and ours else None
+    return {"best_baseline": best_pol, "best_baseline_usd": best, "ratio": ratio}
+
+
+def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | float], gpus: str | None = None,
+            policies: Sequence[str] = POLICY_ORDER,
+            networks: Sequence[tuple[float | None, float | None]] | None = None,
+            jobs: int = 1, homogeneous: bool = True,
+            progress: Callable[[str], None] | None = None, cache: dict | None = None,
+            **space_kw) -> dict[str, Any]:
+    """Run every policy for every (context, SLO[, network]) cell; return plain data.
+
+    `networks` is a list of (GB/s, latency us) pairs (None = planner default);
+    every policy is re-optimized for each. With several GPU types in `gpus` and
+    opweave among the policies, homogeneous opweave is also run per type
+    (`homogeneous=False` skips it). Extra keyword arguments go to SearchSpace
+    (max_owners, batches, max_replicas, max_gpus, ...) and to make_request
+    (catalog, prices, profiles_dir, backend). `cache` (a dict the caller
+    keeps) memoizes outcomes by SearchRequest across calls, e.g. to reuse the
+    homogeneous H100 searches of one grid in the heterogeneous ones.
+    """
+    from opweave_planner import api
+
+    pols = [p for p in dict.fromkeys(split_list(policies))]
+    if not pols:
+        raise UserError("--policies: expected at least one of " + ", ".join(POLICY_ORDER))
+    for p in pols:
+        if p not in POLICY_ORDER:
+            raise UserError(f"--policies: unknown policy '{p}'; expected one of {', '.join(POLICY_ORDER)}")
+    ctx_list = [c if isinstance(c, int) else api.parse_tokens(c) for c in split_list(contexts)]
+    slo_list = [float(s) if isinstance(s, (int, float)) else api.parse_duration_ms(s) for s in split_list(slos)]
+    if not ctx_list:
+        raise UserError("--ctx: expected at least one context length, e.g. 8k,32k")
+    if not slo_list:
+        raise UserError("--slo: expected at least one SLO, e.g. 25ms,60ms")
+    nets = list(networks) if networks else [(None, None)]
+    # resolve GPU ids once (validates names; default = every profiled type)
+    probe = api.make_request(model, float(slo_list[0]), int(ctx_list[0]), gpus=gpus, policy=pols[0],
+                             **space_kw)
+    gpu_ids = list(probe.space.gpus)
+    hetero = len(gpu_ids) > 1 and homogeneous and "opweave" in pols
+    space = probe.space
+
+    def run(req) -> dict[str, Any]:
+        if cache is not None and req in cache:
+            return cache[req]
+        entry = plan_entry(*api.plan(req, jobs=jobs))
+        if cache is not None:
+            cache[req] = entry
+        return entry
+    cells = []
+    for gbps, lat in nets:
+        for ctx in ctx_list:
+            for slo in slo_list:
+                where = f"ctx {_label_tokens(int(ctx))} slo {slo:g}ms"
+                if gbps is not None or lat is not None:
+                    where += f" net {gbps if gbps is not None else 'default'}GB/s/" \
+                             f"{lat if lat is not None else 'default'}us"
+                out: dict[str, dict[str, Any]] = {}
+                for pol in pols:
+                    if progress:
+                        progress(f"{where}: {pol}")
+                    req = api.make_request(model, float(slo), int(ctx), gpus=",".join(gpu_ids), policy=pol,
+                                           network_gbps=gbps, network_latency_us=lat, **space_kw)
+                    out[pol] = run(req)
+                cell: dict[str, Any] = {
+                    "context_tokens": int(ctx),
+                    "context": _label_tokens(int(ctx)),
+                    "slo_ms": float(slo),
+                    "network": {"gbps": _f(gbps), "latency_us": _f(lat)},
+                    "policies": out,
+                    **cell_summary(out),
+                }
+                if hetero:
+                    homo: dict[str, dict[str, Any]] = {}
+                    for g in gpu_ids:
+                        if progress:
+                            progress(f"{where}: opweave on {g} only")
+                        req = api.make_request(model, float(slo), int(ctx), gpus=g, policy="opweave",
+                                               network_gbps=gbps, network_latency_us=lat, **space_kw)
+                        homo[g] = run(req)
+                    best_g, best = None, None
+                    for g, e in homo.items():
+                        c = _cost(e)
+                        if c is not None and (best is None or c < best):
+                            best_g, best = g, c
+                    ours = _cost(out["opweave"])
+                    cell["homogeneous"] = homo
+                    cell["best_homogeneous"] = best_g
+                    cell["best_homogeneous_usd"] = best
+                    cell["hetero_ratio"] = _f(best / ours) if best is not None and ours else None
+                cells.append(cell)
+    ratios = [c["ratio"] for c in cells if c["ratio"] is not None]
+    hratios = [c["hetero_ratio"] for c in cells if c.get("hetero_ratio") is not None]
+    return {
+        "model": probe.model,
+        "gpus": gpu_ids,
+        "policies": pols,
+        "contexts": [int(c) for c in ctx_list],
+        "slos_ms": [float(s) for s in slo_list],
+        "networks": [{"gbps": _f(b), "latency_us": _f(la)} for b, la in nets],
+        "space": {
+            "tps": list(space.tps), "batches": list(space.batches), "max_owners": space.max_owners,
+            "max_microbatches": space.max_microbatches, "max_replicas": space.max_replicas,
+            "max_gpus": space.max_gpus, "moe_expert_parallel": space.moe_expert_parallel,
+        },
+        "cells": cells,
+        "summary": {
+            "max_ratio": max(ratios) if ratios else None,
+            "min_ratio": min(ratios) if ratios else None,
+            "max_hetero_ratio": max(hratios) if hratios else None,
+            "cells": len(cells),
+            "cells_with_ratio": len(ratios),
+        },
+    }
+
+
+def iter_violations(result: dict[str, Any], rel_tol: float = 1e-9) -> list[str]:
+    """Cells where opweave costs more than a feasible baseline (should be empty)."""
+    bad = []
+    for c in result["cells"]:
+        ours = _cost(c["policies"].get("opweave"))
+        for pol in BASELINES:
+            theirs = _cost(c["policies"].get(pol))
+            if theirs is None:
+                continue
+            if ours is None or ours > theirs * (1 + rel_tol):
+                bad.append(f"ctx {c['context']} slo {c['slo_ms']:g}ms: opweave {ours} > {pol} {theirs}")
+        for g, e in (c.get("homogeneous") or {}).items():
+            theirs = _cost(e)
+            if theirs is not None and (ours is None or ours > theirs * (1 + rel_tol)):
+                bad.append(f"ctx {c['context']} slo {c['slo_ms']:g}ms: heterogeneous {ours} > {g}-only {theirs}")
+    return bad
