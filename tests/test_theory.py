@@ -21,7 +21,7 @@ from opweave_planner.spec.hardware import load_hardware
 from opweave_planner.spec.model import load_model
 
 GIB = float(1 << 30)
-PROPS = settings(max_examples=3000, deadline=None)
+PROPS = settings(max_examples=150, deadline=None)
 
 # A GPU: price (USD/s), bandwidth (B/s), peak FLOP/s, memory (bytes).
 gpu_st = st.builds(
@@ -135,6 +135,8 @@ def test_theorem_3_2_heterogeneous_gain(ga, gb, p):
         return
     # Crossed ordering under the eta >= 1 labelling.
     assert a[0] < a[1] and c[1] < c[0] and xs > 0
+    # Strict monotonicity is only observable in floats when the types differ measurably.
+    assume(min(a[1] / a[0], c[0] / c[1]) > 1 + 1e-6)
     peak = T.g_het(xs, p, a, c)
     assert peak == pytest.approx(T.g_het_peak(a[0], c[0], a[1], c[1]), rel=1e-9)
     assert peak <= bound * (1 + 1e-12)

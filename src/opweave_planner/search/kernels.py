@@ -150,13 +150,15 @@ def _key_less(r, rho, bh, sm, c, n, a, b):
 
 @njit(cache=True)
 def _bound(level, k, mu, B, sel, pts_sum, pts_r, pts_rho, pts_bh, min_sum, min_r, min_rho, min_bh,
-           pair_payload, n_cross, bw, lat):
-    """Lower bounds (T_rtt, cost rate sum r, GPUs) for owners < level fixed and the rest optimistic."""
+           pair_payload, n_cross, bw, lat, bh, egress, ingress):
+    """Lower bounds (T_rtt, cost rate sum r, GPUs) for owners < level fixed and the rest optimistic.
+
+    bh, egress, ingress are caller-owned scratch of length k (no allocation in the hot loop).
+    """
     comp = 0.0
     loop = 0.0
     rsum = 0.0
     gpus = 0.0
-    bh = np.empty(k)
     for o in range(k):
         if o < level:
             p = sel[o]
@@ -168,8 +170,9 @@ def _bound(level, k, mu, B, sel, pts_sum, pts_r, pts_rho, pts_bh, min_sum, min_r
         rsum += r_
         gpus += B * rho_
         bh[o] = b_
-    egress = np.zeros(k)
-    ingress = np.zeros(k)
+    for o in range(k):
+        egress[o] = 0.0
+        ingress[o] = 0.0
     for a in range(k):
         for b in range(k):
             if pair_payload[a, b] > 0.0:
@@ -225,6 +228,9 @@ def search_template(stage_owner, stage_start, stage_end, payload, k, pref, wpref
     min_rho = np.empty(k)
     min_bh = np.empty(k)
     sel = np.zeros(k, np.int64)
+    sc_bh = np.empty(k)
+    sc_eg = np.empty(k)
+    sc_in = np.empty(k)
     for bi in range(batches.shape[0]):
         B = batches[bi]
         for mu in range(1, max_mu + 1):
@@ -253,10 +259,21 @@ def search_template(stage_owner, stage_start, stage_end, payload, k, pref, wpref
                     level -= 1
                     continue
                 depth = level + 1
+                if use_bnb and incumbent < np.inf:
+                    # points are sorted by r: once the optimistic cost with this point's r exceeds
+                    # the incumbent (T bound taken with this owner still optimistic), every later
+                    # point of this owner does too
+                    t_opt, r_opt, _g = _bound(level, k, mu, B, sel, pts_sum, pts_r, pts_rho, pts_bh,
+                                              min_sum, min_r, min_rho, min_bh, pair_payload, n_cross,
+                                              bw, lat, sc_bh, sc_eg, sc_in)
+                    if t_opt * (r_opt - min_r[level] + pts_r[level, sel[level]]) > incumbent * (1 + EPS):
+                        counters[C_BOUND] += npts[level] - sel[level]
+                        sel[level] = npts[level]
+                        continue
                 if use_bnb or depth == k:
                     t_lb, rsum, gpus = _bound(depth, k, mu, B, sel, pts_sum, pts_r, pts_rho, pts_bh,
                                               min_sum, min_r, min_rho, min_bh, pair_payload, n_cross,
-                                              bw, lat)
+                                              bw, lat, sc_bh, sc_eg, sc_in)
                     if depth == k:
                         counters[C_CAND] += 1
                     if (t_lb > slo * (1 + EPS) or gpus > max_gpus + 1e-9

@@ -60,8 +60,10 @@ class Operator:
         return min(context, self.kv_window) if self.kv_window else context
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OperatorSequence:
+    """Built once per model (cached); compared and hashed by identity to keep caches cheap."""
+
     model: ModelSpec
     ops: tuple[Operator, ...]
     # payload[i]: bytes per request crossing a cut placed before ops[i] (payload[0]: the token hand-back)
