@@ -70,3 +70,49 @@ def test_calibrate_names_the_component():
         calibrate(good, ([1, 1], [2.0, 2.0]), good)
     with pytest.raises(UserError, match="communication samples"):
         calibrate(good, good, None)
+
+
+def test_fit_line_reproduces_synthetic_linear_data_exactly():
+    size = np.array([256.0, 512, 1024, 4096, 8192])
+    fit = fit_line(size, 0.75 * size + 123.0)
+    assert fit.slope == pytest.approx(0.75, rel=1e-12)
+    assert fit.intercept == pytest.approx(123.0, rel=1e-12)
+    assert fit.rmse < 1e-9 and fit.max_rel_error < 1e-12
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b"])
+def test_profile_calibration_gives_positive_coefficients_and_small_error(model):
+    from opweave_planner.afd.calibrate import calibrate_from_profiles
+    from opweave_planner.spec.hardware import load_hardware
+
+    cal = calibrate_from_profiles(model, "h100", "h100", context=32768, batch=256)
+    coef = cal.coefficients
+    assert coef.alpha_a > 0 and coef.beta_a > 0 and coef.alpha_f > 0
+    assert coef.alpha_c > 0 and coef.beta_c > 0
+    assert cal.attention.max_rel_error < 0.05
+    assert cal.ffn.max_rel_error < 0.30 and cal.ffn.r2 > 0.98
+    # communication is exactly the network law: L * (latency + n * H * bytes / bandwidth)
+    net, st = load_hardware().network, cal.setup
+    assert coef.beta_c == pytest.approx(st["layers"] * net.inter_node_latency_us)
+    assert coef.alpha_c == pytest.approx(
+        st["layers"] * st["bytes_per_request_per_layer"] / (net.inter_node_gbps * 1e3)
+    )
+    assert st["ffn_batches"] == [256 * r for r in (1, 2, 4, 8, 16, 24, 32)]
+    assert set(cal.as_dict()) == {"coefficients", "attention", "ffn", "communication", "setup"}
+
+
+def test_profile_calibration_moe_ep_and_errors():
+    from opweave_planner.afd.calibrate import calibrate_from_profiles
+
+    tp1 = calibrate_from_profiles("qwen3-30b-a3b", "h100", "h100", context=8192)
+    ep2 = calibrate_from_profiles(
+        "qwen3-30b-a3b", "h100", "h100", ffn_tp=2, moe_ep=True, context=8192
+    )
+    assert ep2.coefficients.alpha_f < tp1.coefficients.alpha_f  # two GPUs share the experts
+    assert ep2.coefficients.alpha_a == tp1.coefficients.alpha_a  # attention side unchanged
+    with pytest.raises(UserError, match="no MoE"):
+        calibrate_from_profiles("llama-3.1-8b", "h100", "h100", moe_ep=True)
+    with pytest.raises(UserError, match="--ffn-gpu"):
+        calibrate_from_profiles("llama-3.1-8b", "h100", "nope")
+    with pytest.raises(UserError, match="attn_tp"):
+        calibrate_from_profiles("llama-3.1-8b", "h100", "h100", attn_tp=0)

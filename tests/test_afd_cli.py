@@ -100,3 +100,65 @@ def test_module_import_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_ratio_and_simulate_calibrate_from_profiles():
+    out = _json(
+        [
+            "ratio",
+            "--json",
+            "--model",
+            "llama-3.1-8b",
+            "--attn-gpu",
+            "h100",
+            "--ffn-gpu",
+            "h100",
+            "--ctx",
+            "32k",
+            "--r",
+            "1,2,4",
+        ]
+    )
+    cal = out["calibration"]
+    assert out["coefficients"] == cal["coefficients"]
+    assert cal["setup"]["model"] == "llama-3.1-8b" and cal["setup"]["context"] == 32768
+    assert cal["setup"]["ffn_batches"] == [256, 512, 1024]
+    for part in ("attention", "ffn", "communication"):
+        assert {"rmse", "max_rel_error", "r2"} <= set(cal[part])
+    sim = _json(
+        [
+            "simulate",
+            "--json",
+            "--model",
+            "qwen3-30b-a3b",
+            "--attn-gpu",
+            "h100",
+            "--ep",
+            "--ffn-tp",
+            "2",
+            "--r",
+            "1,2",
+            "--requests",
+            "600",
+        ]
+    )
+    assert sim["calibration"]["setup"]["moe_ep"] is True
+    assert sim["coefficients"] == sim["calibration"]["coefficients"]
+    text = runner.invoke(app, ["ratio", "--model", "llama-3.1-8b", "--attn-gpu", "h100"])
+    assert text.exit_code == 0 and "calibrated from profiles" in text.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "llama-3.1-8b", "--attn-gpu", "h100", "--alpha-a", "1"], "not both"),
+        (["--attn-gpu", "h100"], "only apply with --model"),
+        (["--ep"], "only apply with --model"),
+        (["--model", "llama-3.1-8b"], "--attn-gpu"),
+        (["--model", "llama-3.1-8b", "--attn-gpu", "h100", "--ctx", "lots"], "--ctx"),
+    ],
+)
+def test_calibration_option_conflicts_are_user_errors(args, needle):
+    result = runner.invoke(app, ["ratio", *args])
+    assert isinstance(result.exception, UserError)
+    assert needle in str(result.exception)

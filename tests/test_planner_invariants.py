@@ -94,7 +94,11 @@ def _check_plan(plan, slo_ms, max_gpus=32):
     k = len(plan.owners)
     owner = [s.owner for s in plan.stages]
     n = len(owner)
-    lat_us = plan.provenance.network["inter_node_latency_us"]
+    # one GPU type in a single node: stage transfers use the intra-node link
+    one_node = k > 1 and len({o.gpu for o in plan.owners}) == 1 and plan.gpus_total <= 8
+    lat_us = plan.provenance.network["intra_node_latency_us" if one_node else "inter_node_latency_us"]
+    if one_node:
+        assert plan.metrics.inter_node_mib_per_token == 0.0
     t, occ, lat = [], [], []
     for j, s in enumerate(plan.stages):
         t.append(s.latency_ms * 1e3)

@@ -62,6 +62,13 @@ def instances(draw):
 
     n_cfg = draw(st.integers(1, 3))
     cfg_tp = np.array([draw(st.sampled_from([1, 2, 4])) for _ in range(n_cfg)], np.int64)
+    # GPU type of each config, node size and intra-node link: single-node plans of one type use it
+    cfg_gpu = np.array([draw(st.integers(0, 1)) for _ in range(n_cfg)], np.int64)
+    node = draw(st.sampled_from([2, 4, 8]))
+    cfg_node = np.full(n_cfg, node, np.int64)
+    intra_of = [draw(st.sampled_from([2.0, 8.0])) for _ in range(2)]
+    cfg_intra_bw = np.array([intra_of[g] for g in cfg_gpu])
+    intra_lat = draw(st.integers(0, 2)) / 4
     cfg_price = np.array([draw(st.integers(1, 6)) / 2 for _ in range(n_cfg)])
 
     batches = sorted(draw(st.sets(st.sampled_from([1, 2, 3, 4, 6, 8, 12]), min_size=1, max_size=4)))
@@ -100,7 +107,8 @@ def instances(draw):
     slo = draw(st.integers(4, 240)) / 2
     return dict(stage_owner=owner, stage_start=start, stage_end=end, payload=payload, k=k, pref=pref,
                 wpref=wpref, kvpref=kvpref, cfg_tp=cfg_tp, cfg_price=cfg_price, cfg_mem=cfg_mem,
-                cfg_ws=cfg_ws, cfg_ok=cfg_ok, mb_index=mb_index,
+                cfg_ws=cfg_ws, cfg_ok=cfg_ok, cfg_gpu=cfg_gpu, cfg_node=cfg_node,
+                cfg_intra_bw=cfg_intra_bw, intra_lat=intra_lat, mb_index=mb_index,
                 batches=np.array(batches, np.int64), max_mu=max_mu, max_rep=max_rep, max_gpus=max_gpus,
                 bw=bw, lat=lat, slo=slo)
 
@@ -109,8 +117,9 @@ def run_kernel(inst, use_pareto, use_bnb):
     found, best_f, best_i, counters = search_template(
         inst["stage_owner"], inst["stage_start"], inst["stage_end"], inst["payload"], inst["k"],
         inst["pref"], inst["wpref"], inst["kvpref"], inst["cfg_tp"], inst["cfg_price"], inst["cfg_mem"],
-        inst["cfg_ws"], inst["cfg_ok"], inst["mb_index"], inst["batches"], inst["max_mu"], inst["max_rep"],
-        inst["max_gpus"], inst["bw"], inst["lat"], inst["slo"], math.inf, use_pareto, use_bnb, False)
+        inst["cfg_ws"], inst["cfg_ok"], inst["cfg_gpu"], inst["cfg_node"], inst["cfg_intra_bw"],
+        inst["mb_index"], inst["batches"], inst["max_mu"], inst["max_rep"], inst["max_gpus"],
+        inst["bw"], inst["lat"], inst["intra_lat"], inst["slo"], math.inf, use_pareto, use_bnb, False)
     if not found:
         return None
     k = inst["k"]
@@ -169,12 +178,17 @@ def brute_force(inst):
                 if gpus > inst["max_gpus"] + 1e-9:
                     continue
                 t = [combo[owner[j]]["t"][j] for j in range(s)]
+                bw, lat = inst["bw"], inst["lat"]
+                types = {int(inst["cfg_gpu"][p["c"]]) for p in combo}
+                c0 = combo[0]["c"]
+                if k > 1 and len(types) == 1 and gpus <= inst["cfg_node"][c0]:
+                    bw, lat = inst["cfg_intra_bw"][c0], inst["intra_lat"]
                 occ, latv = [], []
                 for j in range(s):
                     a, b = owner[j], owner[(j + 1) % s]
                     if a != b:
-                        occ.append(inst["payload"][j] * max(combo[a]["bh"], combo[b]["bh"]) / inst["bw"])
-                        latv.append(inst["lat"])
+                        occ.append(inst["payload"][j] * max(combo[a]["bh"], combo[b]["bh"]) / bw)
+                        latv.append(lat)
                     else:
                         occ.append(0.0)
                         latv.append(0.0)
@@ -253,6 +267,8 @@ def test_brute_force_finds_ties():
                 wpref=np.zeros((2, n_ops + 1)), kvpref=np.zeros((2, n_ops + 1)),
                 cfg_tp=np.array([1, 1], np.int64), cfg_price=np.array([1.0, 1.0]),
                 cfg_mem=np.array([10.0, 10.0]), cfg_ws=np.zeros(2), cfg_ok=np.ones((1, 2), bool),
+                cfg_gpu=np.array([0, 1], np.int64), cfg_node=np.array([8, 8], np.int64),
+                cfg_intra_bw=np.array([4.0, 4.0]), intra_lat=0.0,
                 mb_index=np.array([-1, 0], np.int64), batches=np.array([1], np.int64), max_mu=1, max_rep=1,
                 max_gpus=8.0, bw=1.0, lat=0.0, slo=10.0)
     best, feasible = brute_force(inst)

@@ -150,14 +150,15 @@ def build_plan(ctx, cand, outcome) -> Plan:
     lat = np.zeros(s)
     from opweave_planner.search.kernels import _range_sum
 
+    link_bw, link_lat, intra = arrays.link([o.config for o in cand.owners], cand.gpus)
     for j in range(s):
         o = st.owner[j]
         own = cand.owners[o]
         t[j] = _range_sum(arrays.pref[own.config, own.mb_index], st.start[j], st.end[j])
         b = st.owner[(j + 1) % s]
         if b != o:
-            occ[j] = st.payload[j] * max(bh[o], bh[b]) / arrays.bw
-            lat[j] = arrays.lat
+            occ[j] = st.payload[j] * max(bh[o], bh[b]) / link_bw
+            lat[j] = link_lat
     t_rtt, comp, _egr, _ing, crit_kind, crit_idx = simulate_detail(st.owner, t, occ, lat, mu, k)
     owners = []
     rate = 0.0
@@ -185,7 +186,7 @@ def build_plan(ctx, cand, outcome) -> Plan:
         latency_ms=_round(t[j] / 1e3), transfer_ms=_round((occ[j] + lat[j]) / 1e3),
         payload_bytes_per_request=_round(float(st.payload[j]) if st.owner[(j + 1) % s] != st.owner[j] else 0.0),
     ) for j in range(s)]
-    inter = sum(st.payload[j] for j in range(s) if st.owner[(j + 1) % s] != st.owner[j])
+    inter = 0.0 if intra else sum(st.payload[j] for j in range(s) if st.owner[(j + 1) % s] != st.owner[j])
     cut_ops = [seq.ops[splan.ops[0][0]].name] if s == 1 else []
     if s > 1:
         from opweave_planner.structure.blocks import detect_blocks
@@ -199,7 +200,8 @@ def build_plan(ctx, cand, outcome) -> Plan:
         tool_version=__version__, model_sha256=seq.model.source_sha256, catalog_sha256=hw.sha256,
         profiles_sha256=profiles_hash(req.profiles_dir, [c.gpu.id for c in arrays.configs], req.backend),
         network={"inter_node_gbps": hw.network.inter_node_gbps,
-                 "inter_node_latency_us": hw.network.inter_node_latency_us},
+                 "inter_node_latency_us": hw.network.inter_node_latency_us,
+                 "intra_node_latency_us": hw.network.intra_node_latency_us},
         backend=req.backend,
     )
     order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(st.owner, mu, k)]

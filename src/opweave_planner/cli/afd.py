@@ -6,6 +6,7 @@ are imported inside the commands so that `opweave-plan --help` stays fast.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -46,6 +47,29 @@ Trace = Annotated[
         help="CSV trace with prompt and decode columns; replaces the parametric workload.",
     ),
 ]
+_CAL = "Calibrate the coefficients from profiles"
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help=f"{_CAL} for this model (instead of --alpha-*/--beta-*).",
+    ),
+]
+AttnGpu = Annotated[str | None, typer.Option("--attn-gpu", help="GPU of attention instances.")]
+FfnGpu = Annotated[
+    str | None, typer.Option("--ffn-gpu", help="GPU of the FFN instance (default: --attn-gpu).")
+]
+AttnTp = Annotated[int | None, typer.Option("--attn-tp", help="TP degree per attention instance.")]
+FfnTp = Annotated[int | None, typer.Option("--ffn-tp", help="TP degree of the FFN instance.")]
+Ep = Annotated[bool, typer.Option("--ep", help="MoE experts split across the FFN's TP group.")]
+Ctx = Annotated[
+    str | None, typer.Option("--ctx", help="Largest per-request context sampled (default 32k).")
+]
+ProfilesDir = Annotated[
+    str | None, typer.Option("--profiles", help="Profile folder (default: shipped).")
+]
+Backend = Annotated[str | None, typer.Option("--backend", help="Profile backend (vllm).")]
 JsonOut = Annotated[
     bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")
 ]
@@ -68,23 +92,107 @@ def _parse_ratios(text: str, integers: bool) -> list:
     return values
 
 
-def _setup(batch, coefs: dict, prompt_mean, prompt_dist, decode_mean, decode_dist, trace):
-    """Validate shared options and build (coefficients, workload)."""
+def _calibrate(calib: dict, coefs: dict, batch: int, max_ratio: int):
+    """Profile calibration from the --model options, or None when --model is absent."""
+    from opweave_planner.errors import UserError
+
+    flags = {
+        "--attn-gpu": calib["attn_gpu"],
+        "--ffn-gpu": calib["ffn_gpu"],
+        "--attn-tp": calib["attn_tp"],
+        "--ffn-tp": calib["ffn_tp"],
+        "--ep": calib["ep"] or None,
+        "--ctx": calib["ctx"],
+        "--profiles": calib["profiles"],
+        "--backend": calib["backend"],
+    }
+    given = [k for k, v in flags.items() if v is not None]
+    if calib["model"] is None:
+        if given:
+            raise UserError(f"{', '.join(given)}: only apply with --model (profile calibration)")
+        return None
+    explicit = ["--" + k.replace("_", "-") for k, v in coefs.items() if v is not None]
+    if explicit:
+        raise UserError(
+            f"--model and {', '.join(explicit)}: give the coefficients directly or calibrate "
+            "them from profiles, not both"
+        )
+    if calib["attn_gpu"] is None:
+        raise UserError("--model: also give --attn-gpu (and --ffn-gpu if it differs)")
+    from opweave_planner.afd.calibrate import calibrate_from_profiles
+    from opweave_planner.api import parse_tokens
+
+    return calibrate_from_profiles(
+        calib["model"],
+        calib["attn_gpu"],
+        calib["ffn_gpu"] or calib["attn_gpu"],
+        attn_tp=calib["attn_tp"] or 1,
+        ffn_tp=calib["ffn_tp"] or 1,
+        moe_ep=calib["ep"],
+        context=parse_tokens(calib["ctx"] or "32k", "--ctx"),
+        batch=batch,
+        max_ratio=max_ratio,
+        profiles_dir=calib["profiles"],
+        backend=calib["backend"] or "vllm",
+    )
+
+
+def _setup(
+    batch,
+    coefs: dict,
+    prompt_mean,
+    prompt_dist,
+    decode_mean,
+    decode_dist,
+    trace,
+    calib: dict | None = None,
+    max_ratio: int = 32,
+):
+    """Validate shared options and build (coefficients, workload, calibration or None)."""
     from opweave_planner.afd.provisioning import PAPER_SECTION_52, LatencyCoefficients
     from opweave_planner.afd.workload import LengthDist, ParametricWorkload, load_trace
     from opweave_planner.errors import UserError
 
     if batch < 1:
         raise UserError(f"--batch: expected an integer >= 1, got {batch}")
-    values = {k: (PAPER_SECTION_52[k] if v is None else v) for k, v in coefs.items()}
-    coef = LatencyCoefficients(**values)
+    cal = _calibrate(calib, coefs, batch, max_ratio) if calib is not None else None
+    if cal is not None:
+        coef = cal.coefficients
+    else:
+        values = {k: (PAPER_SECTION_52[k] if v is None else v) for k, v in coefs.items()}
+        coef = LatencyCoefficients(**values)
     if trace is not None:
         workload = load_trace(trace)
     else:
         workload = ParametricWorkload(
             LengthDist(prompt_dist, prompt_mean), LengthDist(decode_dist, decode_mean)
         )
-    return coef, workload
+    return coef, workload, cal
+
+
+def _print_calibration(console, cal) -> None:
+    from rich.table import Table
+
+    st = cal.setup
+    side = "-ep" if st["moe_ep"] else ""
+    console.print(
+        f"calibrated from profiles: {st['model']}, attention {st['attn_gpu']} tp{st['attn_tp']}, "
+        f"FFN {st['ffn_gpu']} tp{st['ffn_tp']}{side}, contexts {st['attention_contexts'][0]}"
+        f"..{st['attention_contexts'][-1]}, B = {st['batch']}; unit: {st['unit']}"
+    )
+    table = Table("component", "alpha", "beta", "samples", "RMSE", "max rel err", "R^2")
+    for name in ("attention", "ffn", "communication"):
+        fit = getattr(cal, name)
+        table.add_row(
+            name,
+            f"{fit.slope:.5g}",
+            f"{fit.intercept:.5g}",
+            str(fit.samples),
+            f"{fit.rmse:.4g}",
+            f"{100 * fit.max_rel_error:.2f}%",
+            f"{fit.r2:.5f}",
+        )
+    console.print(table)
 
 
 def _emit_json(obj) -> None:
@@ -156,10 +264,20 @@ def ratio(
     decode_mean: DecodeMean = 500.0,
     decode_dist: DecodeDist = "geometric",
     trace: Trace = None,
+    model: Model = None,
+    attn_gpu: AttnGpu = None,
+    ffn_gpu: FfnGpu = None,
+    attn_tp: AttnTp = None,
+    ffn_tp: FfnTp = None,
+    ep: Ep = False,
+    ctx: Ctx = None,
+    profiles: ProfilesDir = None,
+    backend: Backend = None,
     json: JsonOut = False,
 ) -> None:
     """Optimal attention/FFN ratio: r*_mf with its regime, r*_G, and a table over r."""
-    coef, workload = _setup(
+    ratios = _parse_ratios(r, integers=False)
+    coef, workload, cal = _setup(
         batch,
         {
             "alpha_a": alpha_a,
@@ -174,8 +292,22 @@ def ratio(
         decode_mean,
         decode_dist,
         trace,
+        {
+            "model": model,
+            "attn_gpu": attn_gpu,
+            "ffn_gpu": ffn_gpu,
+            "attn_tp": attn_tp,
+            "ffn_tp": ffn_tp,
+            "ep": ep,
+            "ctx": ctx,
+            "profiles": profiles,
+            "backend": backend,
+        },
+        max_ratio=max(1, math.ceil(max(ratios))),
     )
-    report = _ratio_report(coef, workload, batch, _parse_ratios(r, integers=False))
+    report = _ratio_report(coef, workload, batch, ratios)
+    if cal is not None:
+        report["calibration"] = cal.as_dict()
     if json:
         _emit_json(report)
         return
@@ -183,6 +315,8 @@ def ratio(
     from rich.table import Table
 
     console = Console()
+    if cal is not None:
+        _print_calibration(console, cal)
     _header(console, coef, workload, batch)
     mf, g = report["mean_field"], report["gaussian"]
     console.print(f"mu_A = {report['mu_a']:.6g}, sigma_A = {report['sigma_a']:.6g}")
@@ -224,6 +358,15 @@ def simulate(
     decode_mean: DecodeMean = 500.0,
     decode_dist: DecodeDist = "geometric",
     trace: Trace = None,
+    model: Model = None,
+    attn_gpu: AttnGpu = None,
+    ffn_gpu: FfnGpu = None,
+    attn_tp: AttnTp = None,
+    ffn_tp: FfnTp = None,
+    ep: Ep = False,
+    ctx: Ctx = None,
+    profiles: ProfilesDir = None,
+    backend: Backend = None,
     requests: Annotated[
         int, typer.Option(help="Completed requests per attention instance.")
     ] = 10_000,
@@ -245,7 +388,8 @@ def simulate(
     """Simulate the rA-1F bundle for each r (with --mc: the barrier Monte Carlo instead)."""
     from opweave_planner.errors import UserError
 
-    coef, workload = _setup(
+    ratios = _parse_ratios(r, integers=True)
+    coef, workload, cal = _setup(
         batch,
         {
             "alpha_a": alpha_a,
@@ -260,8 +404,19 @@ def simulate(
         decode_mean,
         decode_dist,
         trace,
+        {
+            "model": model,
+            "attn_gpu": attn_gpu,
+            "ffn_gpu": ffn_gpu,
+            "attn_tp": attn_tp,
+            "ffn_tp": ffn_tp,
+            "ep": ep,
+            "ctx": ctx,
+            "profiles": profiles,
+            "backend": backend,
+        },
+        max_ratio=max(ratios),
     )
-    ratios = _parse_ratios(r, integers=True)
     from opweave_planner.afd import provisioning as pv
     from opweave_planner.afd import simulator as sim
 
@@ -307,6 +462,8 @@ def simulate(
             "r_mf": pv.optimal_ratio_mf(coef, batch, workload.theta).r,
             "r_g": pv.optimal_ratio_gaussian(coef, batch, workload.theta, workload.nu).r,
         }
+    if cal is not None:
+        report["calibration"] = cal.as_dict()
     if json:
         _emit_json(report)
         return
@@ -314,6 +471,8 @@ def simulate(
     from rich.table import Table
 
     console = Console()
+    if cal is not None:
+        _print_calibration(console, cal)
     w = workload.describe()
     console.print(
         f"workload: theta = {w['theta']:.4g}, nu^2 = {w['nu2']:.6g}; B = {batch}; seed = {seed}"

@@ -34,9 +34,21 @@ class SearchArrays:
     cfg_mem: np.ndarray  # usable bytes per GPU after reserves
     cfg_ws: np.ndarray  # workspace bytes per request per GPU
     cfg_ep: np.ndarray
+    cfg_gpu: np.ndarray  # GPU type index of each config
+    cfg_node: np.ndarray  # GPUs per node
+    cfg_intra_bw: np.ndarray  # intra-node bytes per µs
     mb_index: np.ndarray  # b_hat -> grid index (or -1)
-    bw: float  # bytes per µs
-    lat: float  # µs
+    bw: float  # inter-node bytes per µs
+    lat: float  # inter-node µs
+    intra_lat: float  # intra-node µs
+
+    def link(self, configs: list[int], gpus_total: float) -> tuple[float, float, bool]:
+        """(bytes/µs, latency µs, intra-node?) of stage transfers for a complete plan."""
+        gpu_ids = {int(self.cfg_gpu[c]) for c in configs}
+        c0 = configs[0]
+        if len(configs) > 1 and len(gpu_ids) == 1 and gpus_total <= self.cfg_node[c0] + 1e-9:
+            return float(self.cfg_intra_bw[c0]), self.intra_lat, True
+        return self.bw, self.lat, False
 
 
 def build_arrays(seq: OperatorSequence, hw: Hardware, gpus: tuple[str, ...], tps: tuple[int, ...],
@@ -80,9 +92,13 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, gpus: tuple[str, ...], tps
         cfg_price=np.array([c.gpu.price_per_hour for c in configs]),
         cfg_mem=cfg_mem, cfg_ws=cfg_ws,
         cfg_ep=np.array([c.parallel.moe_ep for c in configs]),
+        cfg_gpu=np.array([hw.ids().index(c.gpu.id) for c in configs], np.int64),
+        cfg_node=np.array([c.gpu.gpus_per_node for c in configs], np.int64),
+        cfg_intra_bw=np.array([c.gpu.intra_node_gbps * 1e3 for c in configs]),
         mb_index=mb_index,
         bw=hw.network.inter_node_gbps * 1e3,
         lat=hw.network.inter_node_latency_us,
+        intra_lat=hw.network.intra_node_latency_us,
     )
 
 

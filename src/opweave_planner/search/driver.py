@@ -84,9 +84,9 @@ def _search_one(ctx: Context, index: int, seed_cost: float, slo_us: float, laten
     sp = ctx.request.space
     found, best_f, best_i, counters = search_template(
         st.owner, st.start, st.end, st.payload, st.k, a.pref, a.wpref, a.kvpref,
-        a.cfg_tp, a.cfg_price, a.cfg_mem, a.cfg_ws, owner_ok(a, st), a.mb_index,
-        np.array(sp.batches, np.int64), sp.max_microbatches, sp.max_replicas, float(sp.max_gpus),
-        a.bw, a.lat, slo_us, seed_cost, ctx.request.use_pareto, ctx.request.use_bnb, latency_objective,
+        a.cfg_tp, a.cfg_price, a.cfg_mem, a.cfg_ws, owner_ok(a, st), a.cfg_gpu, a.cfg_node,
+        a.cfg_intra_bw, a.mb_index, np.array(sp.batches, np.int64), sp.max_microbatches,
+        sp.max_replicas, float(sp.max_gpus), a.bw, a.lat, a.intra_lat, slo_us, seed_cost, ctx.request.use_pareto, ctx.request.use_bnb, latency_objective,
     )
     cand = None
     if found:

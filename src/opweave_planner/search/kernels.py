@@ -75,9 +75,8 @@ def _dominates(tab, o, ca, ma, cb, mb, length, ra, rb):
 
 @njit(cache=True)
 def build_points(o, B, mu, tab, count, wown, kvown, cfg_tp, cfg_price, cfg_mem, cfg_ws, cfg_ok,
-                 mb_index, max_rep, use_pareto, lat_obj, out_c, out_m, out_n, out_r, out_rho, out_bh,
-                 out_sum, counters):
-    """Memory-feasible points of owner o at (B, mu), frontier-filtered and sorted. Returns count."""
+                 mb_index, max_rep, lat_obj, out_c, out_m, out_n, out_r, out_rho, out_bh, out_sum):
+    """Memory-feasible points of owner o at (B, mu). Returns their count."""
     n_cfg = tab.shape[1]
     length = count[o]
     npts = 0
@@ -105,23 +104,38 @@ def build_points(o, B, mu, tab, count, wown, kvown, cfg_tp, cfg_price, cfg_mem, 
                 tot += tab[o, c, m, i]
             out_sum[npts] = tot
             npts += 1
-    if use_pareto and npts > 1:
-        keep = np.ones(npts, np.bool_)
-        for a in range(npts):
-            for b in range(npts):
-                if a == b or not keep[a] or cfg_tp[out_c[a]] != cfg_tp[out_c[b]] or out_bh[a] != out_bh[b]:
-                    continue
-                if _dominates(tab, o, out_c[a], out_m[a], out_c[b], out_m[b], length, out_r[a], out_r[b]):
-                    keep[b] = False
-        w = 0
-        for a in range(npts):
-            if keep[a]:
-                out_c[w], out_m[w], out_n[w], out_bh[w] = out_c[a], out_m[a], out_n[a], out_bh[a]
-                out_r[w], out_rho[w], out_sum[w] = out_r[a], out_rho[a], out_sum[a]
-                w += 1
-        counters[C_FRONT] += npts - w
-        npts = w
-    # insertion sort by (r, rho, bh, sumT, c, n): dominance-consistent fixed order
+    return npts
+
+
+@njit(cache=True)
+def pareto_filter(o, npts, cross_type, tab, count, cfg_tp, cfg_gpu, out_c, out_m, out_n, out_r,
+                  out_rho, out_bh, out_sum, counters):
+    """Keep the network-safe frontier: dominance only at equal TP and equal b_hat (equal
+    transfer sizes and GPU count), and across GPU types only when no candidate of this
+    (B, mu) can fit in one node (otherwise the GPU type decides the link)."""
+    length = count[o]
+    keep = np.ones(npts, np.bool_)
+    for a in range(npts):
+        for b in range(npts):
+            if a == b or not keep[a] or cfg_tp[out_c[a]] != cfg_tp[out_c[b]] or out_bh[a] != out_bh[b]:
+                continue
+            if not cross_type and cfg_gpu[out_c[a]] != cfg_gpu[out_c[b]]:
+                continue
+            if _dominates(tab, o, out_c[a], out_m[a], out_c[b], out_m[b], length, out_r[a], out_r[b]):
+                keep[b] = False
+    w = 0
+    for a in range(npts):
+        if keep[a]:
+            out_c[w], out_m[w], out_n[w], out_bh[w] = out_c[a], out_m[a], out_n[a], out_bh[a]
+            out_r[w], out_rho[w], out_sum[w] = out_r[a], out_rho[a], out_sum[a]
+            w += 1
+    counters[C_FRONT] += npts - w
+    return w
+
+
+@njit(cache=True)
+def sort_points(npts, out_c, out_m, out_n, out_r, out_rho, out_bh, out_sum):
+    """Insertion sort by (r, rho, b_hat, sum T, config, n): a dominance-consistent fixed order."""
     for a in range(1, npts):
         j = a
         while j > 0 and _key_less(out_r, out_rho, out_bh, out_sum, out_c, out_n, j, j - 1):
@@ -130,7 +144,6 @@ def build_points(o, B, mu, tab, count, wown, kvown, cfg_tp, cfg_price, cfg_mem, 
             for arri in (out_c, out_m, out_n, out_bh):
                 arri[j], arri[j - 1] = arri[j - 1], arri[j]
             j -= 1
-    return npts
 
 
 @njit(cache=True)
@@ -188,9 +201,15 @@ def _bound(level, k, mu, B, sel, pts_sum, pts_r, pts_rho, pts_bh, min_sum, min_r
 
 @njit(cache=True)
 def search_template(stage_owner, stage_start, stage_end, payload, k, pref, wpref, kvpref,
-                    cfg_tp, cfg_price, cfg_mem, cfg_ws, cfg_ok, mb_index, batches, max_mu, max_rep,
-                    max_gpus, bw, lat, slo, seed_cost, use_pareto, use_bnb, lat_obj):
+                    cfg_tp, cfg_price, cfg_mem, cfg_ws, cfg_ok, cfg_gpu, cfg_node, cfg_intra_bw,
+                    mb_index, batches, max_mu, max_rep, max_gpus, bw, lat, intra_lat, slo, seed_cost,
+                    use_pareto, use_bnb, lat_obj):
     """Search one template over all (B, mu). Returns best and counters.
+
+    Links: stage transfers cross the inter-node network (bw bytes/µs, lat µs) unless every
+    owner uses the same GPU type and the whole plan fits in one node, in which case they use
+    that GPU's intra-node link (cfg_intra_bw, intra_lat). Bounds use the faster link whenever
+    a single-node plan is still possible, so they stay optimistic.
 
     best_f = [cost (r-units * us), t_rtt, gpus]; best_i = [B, mu, cfg_0, n_0, m_0, ...]; found flag.
     """
@@ -231,25 +250,39 @@ def search_template(stage_owner, stage_start, stage_end, payload, k, pref, wpref
     sc_bh = np.empty(k)
     sc_eg = np.empty(k)
     sc_in = np.empty(k)
+    node_max = cfg_node.max()
+    intra_max = cfg_intra_bw.max()
     for bi in range(batches.shape[0]):
         B = batches[bi]
         for mu in range(1, max_mu + 1):
             if B % mu != 0:
                 continue
             empty = False
+            rho_floor = 0.0
             for o in range(k):
                 npts[o] = build_points(o, B, mu, tab, count, wown, kvown, cfg_tp, cfg_price, cfg_mem,
-                                       cfg_ws, cfg_ok, mb_index, max_rep, use_pareto, lat_obj, pts_c[o], pts_m[o],
-                                       pts_n[o], pts_r[o], pts_rho[o], pts_bh[o], pts_sum[o], counters)
+                                       cfg_ws, cfg_ok, mb_index, max_rep, lat_obj, pts_c[o], pts_m[o],
+                                       pts_n[o], pts_r[o], pts_rho[o], pts_bh[o], pts_sum[o])
                 if npts[o] == 0:
                     empty = True
                     break
+                rho_floor += pts_rho[o, :npts[o]].min()
+            if empty:
+                continue
+            one_node = k > 1 and B * rho_floor <= node_max + 1e-9
+            bw_opt = max(bw, intra_max) if one_node else bw
+            lat_opt = min(lat, intra_lat) if one_node else lat
+            for o in range(k):
+                if use_pareto and npts[o] > 1:
+                    npts[o] = pareto_filter(o, npts[o], not one_node, tab, count, cfg_tp, cfg_gpu,
+                                            pts_c[o], pts_m[o], pts_n[o], pts_r[o], pts_rho[o],
+                                            pts_bh[o], pts_sum[o], counters)
+                sort_points(npts[o], pts_c[o], pts_m[o], pts_n[o], pts_r[o], pts_rho[o], pts_bh[o],
+                            pts_sum[o])
                 min_sum[o] = pts_sum[o, :npts[o]].min()
                 min_r[o] = pts_r[o, :npts[o]].min()
                 min_rho[o] = pts_rho[o, :npts[o]].min()
                 min_bh[o] = pts_bh[o, :npts[o]].min()
-            if empty:
-                continue
             # iterative DFS over the frontier product
             level = 0
             sel[0] = -1
@@ -265,15 +298,27 @@ def search_template(stage_owner, stage_start, stage_end, payload, k, pref, wpref
                     # point of this owner does too
                     t_opt, r_opt, _g = _bound(level, k, mu, B, sel, pts_sum, pts_r, pts_rho, pts_bh,
                                               min_sum, min_r, min_rho, min_bh, pair_payload, n_cross,
-                                              bw, lat, sc_bh, sc_eg, sc_in)
+                                              bw_opt, lat_opt, sc_bh, sc_eg, sc_in)
                     if t_opt * (r_opt - min_r[level] + pts_r[level, sel[level]]) > incumbent * (1 + EPS):
                         counters[C_BOUND] += npts[level] - sel[level]
                         sel[level] = npts[level]
                         continue
+                link_bw, link_lat = bw_opt, lat_opt
+                if depth == k:
+                    link_bw, link_lat = bw, lat
+                    if one_node:
+                        g0 = cfg_gpu[pts_c[0, sel[0]]]
+                        same = True
+                        gp = 0.0
+                        for o in range(k):
+                            same = same and cfg_gpu[pts_c[o, sel[o]]] == g0
+                            gp += B * pts_rho[o, sel[o]]
+                        if same and gp <= cfg_node[pts_c[0, sel[0]]] + 1e-9:
+                            link_bw, link_lat = cfg_intra_bw[pts_c[0, sel[0]]], intra_lat
                 if use_bnb or depth == k:
                     t_lb, rsum, gpus = _bound(depth, k, mu, B, sel, pts_sum, pts_r, pts_rho, pts_bh,
                                               min_sum, min_r, min_rho, min_bh, pair_payload, n_cross,
-                                              bw, lat, sc_bh, sc_eg, sc_in)
+                                              link_bw, link_lat, sc_bh, sc_eg, sc_in)
                     if depth == k:
                         counters[C_CAND] += 1
                     if (t_lb > slo * (1 + EPS) or gpus > max_gpus + 1e-9
@@ -291,8 +336,8 @@ def search_template(stage_owner, stage_start, stage_end, payload, k, pref, wpref
                     t[j] = tab[o, pts_c[o, p], pts_m[o, p], pos[j]]
                     b = stage_owner[(j + 1) % s]
                     if b != o:
-                        occ[j] = payload[j] * max(pts_bh[o, p], pts_bh[b, sel[b]]) / bw
-                        latv[j] = lat
+                        occ[j] = payload[j] * max(pts_bh[o, p], pts_bh[b, sel[b]]) / link_bw
+                        latv[j] = link_lat
                     else:
                         occ[j] = 0.0
                         latv[j] = 0.0

@@ -41,6 +41,7 @@ class GpuType(_Frozen):
 class Network(_Frozen):
     inter_node_gbps: float = Field(default=32.0, gt=0)
     inter_node_latency_us: float = Field(default=20.0, ge=0)
+    intra_node_latency_us: float = Field(default=10.0, ge=0)
 
 
 class Hardware(_Frozen):
