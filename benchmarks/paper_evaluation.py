@@ -51,7 +51,7 @@ def _fmt(x, spec=".3f", none="✗"):
 
 def markdown(doc: dict) -> str:
     lines = ["# Paper evaluation grid (our profiles)", ""]
-    for key, run in sorted(doc["runs"].items()):
+    for _key, run in sorted(doc["runs"].items()):
         r = run["result"]
         pols = r["policies"]
         lines += [f"## {r['model']} on {'+'.join(r['gpus'])}", "",
@@ -112,7 +112,7 @@ def summarize(doc: dict) -> dict:
                     occ_b.append(e["price_weighted_occupancy"])
                     if p in ("afd", "cad"):
                         st["afd_cad"].add(e["num_stages"])
-    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
     return {
         "max_ratio_homogeneous": max(homo) if homo else None,
         "max_ratio_heterogeneous": max(het) if het else None,

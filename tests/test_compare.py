@@ -10,7 +10,13 @@ import orjson
 import pytest
 
 from opweave_planner import api
-from opweave_planner.compare import BASELINES, compare, iter_violations, network_grid, parse_bandwidth_gbps
+from opweave_planner.compare import (
+    BASELINES,
+    compare,
+    iter_violations,
+    network_grid,
+    parse_bandwidth_gbps,
+)
 from opweave_planner.errors import UserError
 from opweave_planner.report import dumps
 

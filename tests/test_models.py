@@ -46,7 +46,7 @@ def test_parameter_counts_match_published(name):
 
 
 def test_families_are_understood_structurally():
-    kinds = lambda n: {lay.attention.kind for lay in load_model(n).layers}  # noqa: E731
+    kinds = lambda n: {lay.attention.kind for lay in load_model(n).layers}
     assert kinds("gemma-3-27b") == {"sliding", "full"}
     assert kinds("qwen3-next-80b-a3b") == {"linear", "full"}
     assert kinds("deepseek-v3") == {"mla"}
@@ -75,8 +75,9 @@ def test_kv_cache_rules():
 
 
 def test_hf_config_from_file_with_nested_text_config(tmp_path):
-    raw = json.loads(open(load_model("gemma-3-12b").name and __import__(
-        "opweave_planner.data", fromlist=["x"]).shipped_dir("models") / "gemma-3-12b.json").read())
+    from opweave_planner.data import shipped_dir
+
+    raw = json.loads((shipped_dir("models") / "gemma-3-12b.json").read_text())
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
     spec = load_model(str(path))

@@ -26,7 +26,7 @@ SLOS = ("25ms", "40ms", "60ms", "120ms")
 REL = 1e-9  # plan figures are printed with 9 significant digits
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def solve(model, slo, gpus="h100", policy="opweave", prices=None, ctx="8k", jobs=1):
     req = api.make_request(model, slo, ctx, gpus=gpus, policy=policy, prices=prices, **SPACE)
     plan, infeasible = api.plan(req, jobs=jobs)

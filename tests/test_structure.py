@@ -5,13 +5,19 @@ from __future__ import annotations
 from math import comb
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from opweave_planner.spec.model import load_model
 from opweave_planner.structure.blocks import detect_blocks
 from opweave_planner.structure.operators import SLOT, build_sequence
 from opweave_planner.structure.templates import (
-    Template, boundary_payload, count_templates, enumerate_templates, expand, subblock_keys,
+    Template,
+    boundary_payload,
+    count_templates,
+    enumerate_templates,
+    expand,
+    subblock_keys,
 )
 
 

@@ -57,7 +57,7 @@ def inspect_model(model: str, blocks: bool = False, max_owners: int = 3) -> dict
             "fixed_state_bytes": fixed,
         },
         "layer_pattern": {
-            "prefix": _pattern(seq, range(0, q)) if q else "",
+            "prefix": _pattern(seq, range(q)) if q else "",
             "block": _pattern(seq, range(q, q + p)),
             "blocks": bs.full_blocks,
             "tail": _pattern(seq, range(q + bs.full_blocks * p, spec.n_layers)) if bs.tail_layers else "",

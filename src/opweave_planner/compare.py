@@ -150,7 +150,7 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
     """
     from opweave_planner import api
 
-    pols = [p for p in dict.fromkeys(split_list(policies))]
+    pols = list(dict.fromkeys(split_list(policies)))
     if not pols:
         raise UserError("--policies: expected at least one of " + ", ".join(POLICY_ORDER))
     for p in pols:

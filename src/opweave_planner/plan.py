@@ -1,9 +1,11 @@
 """The plan file: a pydantic contract, built from a search result, written atomically.
 
-Units: milliseconds for times, USD per million output tokens for cost, bytes
-per request for payloads. `schema_version` is MAJOR.MINOR: a new optional key
-bumps MINOR (old readers keep working); a removed/renamed key or a changed
-meaning bumps MAJOR.
+Units: milliseconds for times, USD per million output tokens for cost, USD per
+hour for prices, bytes for payloads and memory. `schema_version` is
+MAJOR.MINOR: a new optional key bumps MINOR (old readers keep working); a
+removed/renamed key or a changed meaning bumps MAJOR. See
+docs/consuming-a-plan.md; the JSON Schema (schemas/plan.schema.json) is
+generated from these models by `opweave_planner.contract.plan_schema`.
 """
 
 from __future__ import annotations
@@ -14,58 +16,94 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from opweave_planner import __version__
 from opweave_planner.data import shipped_dir
 from opweave_planner.report import dumps
 
 SCHEMA_VERSION = "1.0"
+SCHEMA_MAJOR = 1
+_VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _f(description: str, **kw):
+    return Field(description=description, **kw)
+
+
 class Workload(_Frozen):
-    context_tokens: int
-    tpot_slo_ms: float
+    """The request the plan serves."""
+
+    context_tokens: int = _f("Context length per request, tokens (KV/state is sized for it)", ge=1)
+    tpot_slo_ms: float = _f("Time-per-output-token SLO, milliseconds", gt=0)
 
 
 class OwnerOut(_Frozen):
-    index: int
-    gpu: str
-    tensor_parallel: int
-    expert_parallel: int
-    replicas: int
-    resident_batch: int
-    microbatch: int
-    stage_positions: list[int]
-    usd_per_hour_per_replica: float
-    busy_fraction: float
+    """A device group type: `replicas` identical groups of `tensor_parallel` GPUs of type `gpu`."""
+
+    index: int = _f("Owner index; stages[].owner refers to it", ge=0)
+    gpu: str = _f("GPU type id (catalog id, e.g. h100)")
+    tensor_parallel: int = _f("GPUs per device group (tensor-parallel degree), all in one node", ge=1)
+    expert_parallel: int = _f("Routed experts split across this many GPUs of the group (1: replicated "
+                              "per TP shard rules)", ge=1)
+    replicas: int = _f("Number of identical device groups; each serves resident_batch requests", ge=1)
+    resident_batch: int = _f("Requests resident on one replica (= microbatches x microbatch)", ge=1)
+    microbatch: int = _f("Requests per microbatch on one replica", ge=1)
+    stage_positions: list[int] = _f("Indices of the stages this owner runs, ascending")
+    usd_per_hour_per_replica: float = _f("Price of one replica: tensor_parallel x GPU price, USD per hour", ge=0)
+    busy_fraction: float = _f("Fraction of the round trip the group computes (0..1)", ge=0, le=1)
+    memory_bytes_per_gpu: float = _f("Bytes per GPU: weight shard + KV/state of resident_batch requests "
+                                     "+ activation workspace", ge=0)
 
 
 class StageOut(_Frozen):
-    index: int
-    owner: int
-    operators: list[str]
-    latency_ms: float
-    transfer_ms: float
-    payload_bytes_per_request: float
+    """A contiguous (cyclic) operator range run by one owner."""
+
+    index: int = _f("Stage position in the decode loop; stage 0 holds the embedding", ge=0)
+    owner: int = _f("Owner running this stage", ge=0)
+    operators: list[str] = _f("Operator names in execution order (model operator sequence slice)",
+                              min_length=1)
+    latency_ms: float = _f("Compute time of the stage for one microbatch, milliseconds", ge=0)
+    transfer_ms: float = _f("Hand-off to the next stage for one microbatch (link occupancy + latency), "
+                            "milliseconds; 0 when the next stage has the same owner", ge=0)
+    payload_bytes_per_request: float = _f("Activation bytes per request sent to the next stage; 0 when "
+                                          "the next stage has the same owner", ge=0)
 
 
 class TemplateOut(_Frozen):
-    subblock_layers: int
-    cut_positions: list[int]
-    cut_operators: list[str]
-    owners: int
+    """The cyclic sub-block template the stages were expanded from."""
+
+    subblock_layers: int = _f("Layers per repeated sub-block", ge=1)
+    cut_positions: list[int] = _f("Cut operator indices inside the sub-block (sorted)")
+    cut_operators: list[str] = _f("The cuts as 'layer+<offset>.<slot>'")
+    owners: int = _f("Number of owners (K)", ge=1)
 
 
 class Metrics(_Frozen):
-    inter_node_mib_per_token: float
-    price_weighted_occupancy: float
-    per_gpu_batch: float
-    critical_resource: str
+    inter_node_mib_per_token: float = _f("MiB crossing the inter-node network per output token", ge=0)
+    price_weighted_occupancy: float = _f("Busy fraction weighted by spend (0..1)", ge=0, le=1)
+    per_gpu_batch: float = _f("global_batch / gpus_total, requests per GPU", ge=0)
+    critical_resource: str = _f("Resource that binds the round trip (compute/egress/ingress of owner i, "
+                                "or loop latency)")
+    stage_link: str = _f("Link stage hand-offs use: intra_node, inter_node or none (one owner)")
+
+
+class SpaceOut(_Frozen):
+    """The search space the plan was chosen from (what `regen` and `simulate` rebuild)."""
+
+    gpus: list[str] = _f("GPU types searched")
+    tensor_parallel_sizes: list[int] = _f("TP degrees searched")
+    batches: list[int] = _f("Global resident batch sizes searched")
+    max_owners: int = _f("Most owners per template", ge=1)
+    max_microbatches: int = _f("Most microbatches in flight", ge=1)
+    max_replicas: int = _f("Most replicas per owner", ge=1)
+    max_gpus: int = _f("GPU budget of a plan", ge=1)
+    moe_expert_parallel: bool = _f("Expert-parallel variants searched for MoE owners")
+    memory_reserve_gb: float = _f("Per-GPU memory held back for framework/CUDA context, GiB", ge=0)
 
 
 class SearchStats(_Frozen):
@@ -75,43 +113,60 @@ class SearchStats(_Frozen):
     pruned_by_bound: int
     pruned_by_frontier: int
     exhaustive: bool
+    space: SpaceOut
 
 
 class Provenance(_Frozen):
-    tool_version: str
-    model_sha256: str
-    catalog_sha256: str
-    profiles_sha256: str
-    network: dict[str, float]
-    backend: str
+    """Inputs the plan depends on, so a change can be traced to its cause.
+
+    Hashes cover only what this plan's search read: the catalog entries and prices of the
+    searched GPU types, their profile files, the network description and the model file.
+    """
+
+    tool_version: str = _f("opweave-planner version that wrote the file")
+    model_sha256: str = _f("SHA-256 of the model config.json")
+    catalog_sha256: str = _f("SHA-256 of the searched GPU types' catalog entries (prices excluded)")
+    prices_sha256: str = _f("SHA-256 of the searched GPU types' prices")
+    prices_usd_per_gpu_hour: dict[str, float] = _f("Price in effect per searched GPU type, USD per GPU-hour")
+    profiles_sha256: str = _f("SHA-256 of the searched GPU types' latency profile files")
+    network: dict[str, float] = _f("Network description: inter_node_gbps (GB/s), inter_node_latency_us, "
+                                   "intra_node_latency_us (microseconds)")
+    network_sha256: str = _f("SHA-256 of the network description")
+    backend: str = _f("Profile backend (e.g. vllm)")
 
 
 class Plan(_Frozen):
-    schema_version: str
-    model: str
+    """A feasible decode-serving plan."""
+
+    schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
+    model: str = _f("Model name")
     workload: Workload
-    policy: str
-    usd_per_million_tokens: float
-    tpot_ms: float
-    microbatches: int
-    global_batch: int
-    gpus_total: int
-    num_stages: int
-    owners: list[OwnerOut]
+    policy: str = _f("Plan family searched: opweave, colocated, afd or cad")
+    usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)
+    tpot_ms: float = _f("Steady-state time per output token (decode round trip), milliseconds", gt=0)
+    microbatches: int = _f("Microbatches in flight per replica (mu)", ge=1)
+    global_batch: int = _f("Requests decoding concurrently across the plan (B)", ge=1)
+    gpus_total: int = _f("GPUs in the plan: sum over owners of replicas x tensor_parallel", ge=1)
+    num_stages: int = _f("Stages in the decode loop", ge=1)
+    owners: list[OwnerOut] = _f("Device group types", min_length=1)
     template: TemplateOut
-    stages: list[StageOut]
-    action_order: list[list[str]]  # per owner: "compute|send|recv <stage> <microbatch>"
+    stages: list[StageOut] = _f("The decode loop, in order; after the last stage comes stage 0", min_length=1)
+    action_order: list[list[str]] = _f(
+        "Per owner, the static action order the simulator assumed: '<compute|send|recv> <stage> "
+        "<microbatch>', repeated every decode step")
     metrics: Metrics
     search: SearchStats
     provenance: Provenance
 
 
 class Infeasible(_Frozen):
-    schema_version: str
+    """No plan meets the request; `reason` names the binding constraint."""
+
+    schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
     model: str
     workload: Workload
     policy: str
-    feasible: bool = False
+    feasible: bool = _f("Always false", default=False)
     reason: str
 
 
@@ -120,10 +175,14 @@ def _round(x: float, digits: int = 9) -> float:
     return float(f"{x:.{digits}g}")
 
 
+def _sha(obj) -> str:
+    return hashlib.sha256(dumps(obj)).hexdigest()
+
+
 def profiles_hash(profiles_dir: str | None, gpus: list[str], backend: str) -> str:
     root = Path(profiles_dir) if profiles_dir else shipped_dir("profiles")
     h = hashlib.sha256()
-    for gid in sorted(gpus):
+    for gid in sorted(set(gpus)):
         folder = root / gid
         for p in sorted(folder.glob("*.json")) + sorted((folder / backend).glob("*.json")):
             h.update(p.relative_to(root).as_posix().encode())
@@ -131,13 +190,61 @@ def profiles_hash(profiles_dir: str | None, gpus: list[str], backend: str) -> st
     return h.hexdigest()
 
 
+def provenance(hw, seq, gpus, profiles_dir: str | None, backend: str) -> Provenance:
+    """Provenance scoped to the searched GPU types (a price edit of another type changes nothing)."""
+    ids = sorted(set(gpus))
+    types = {g.id: g for g in hw.gpus}
+    specs = {gid: types[gid].model_dump(exclude={"price_per_hour"}) for gid in ids}
+    prices = {gid: types[gid].price_per_hour for gid in ids}
+    net = hw.network.model_dump()
+    return Provenance(
+        tool_version=__version__, model_sha256=seq.model.source_sha256, catalog_sha256=_sha(specs),
+        prices_sha256=_sha(prices), prices_usd_per_gpu_hour=prices,
+        profiles_sha256=profiles_hash(profiles_dir, ids, backend),
+        network={k: float(v) for k, v in net.items()}, network_sha256=_sha(net), backend=backend,
+    )
+
+
+def space_record(req) -> SpaceOut:
+    from opweave_planner.search.arrays import DEFAULT_RESERVE_GB
+
+    sp = req.space
+    return SpaceOut(gpus=list(sp.gpus), tensor_parallel_sizes=list(sp.tps), batches=list(sp.batches),
+                    max_owners=sp.max_owners, max_microbatches=sp.max_microbatches,
+                    max_replicas=sp.max_replicas, max_gpus=sp.max_gpus,
+                    moe_expert_parallel=sp.moe_expert_parallel,
+                    memory_reserve_gb=DEFAULT_RESERVE_GB if req.reserve_gb is None else req.reserve_gb)
+
+
+def owner_memory(arrays, st, cand) -> list[tuple[float, float]]:
+    """Per owner: (bytes needed per GPU, usable bytes per GPU), as the search's memory check."""
+    from opweave_planner.search.kernels import _range_sum
+
+    out = []
+    for o, own in enumerate(cand.owners):
+        c = own.config
+        bh = arrays.mb_grid[own.mb_index]
+        w = kv = 0.0
+        for j in range(st.owner.size):
+            if st.owner[j] == o:
+                w += _range_sum(arrays.wpref[c], st.start[j], st.end[j])
+                kv += _range_sum(arrays.kvpref[c], st.start[j], st.end[j])
+        out.append((w + cand.mu * bh * kv + bh * arrays.cfg_ws[c], float(arrays.cfg_mem[c])))
+    return out
+
+
 CRITICAL = {0: "compute", 1: "egress", 2: "ingress", 3: "loop latency"}
 
 
-def build_plan(ctx, cand, outcome) -> Plan:
-    """Re-simulate the winner with full detail and describe it for a runtime."""
+def build_plan(ctx, cand, outcome, *, search: SearchStats | None = None) -> Plan:
+    """Re-simulate a candidate with full detail and describe it for a runtime.
+
+    `search` (used by re-evaluation) replaces the search statistics and names the searched
+    space, which scopes the provenance hashes; by default both come from `ctx`/`outcome`.
+    """
     from opweave_planner.schedule import action_order, simulate_detail
     from opweave_planner.search.arrays import stage_arrays
+    from opweave_planner.search.kernels import _range_sum
     from opweave_planner.structure.templates import expand
 
     seq, arrays, req = ctx.seq, ctx.arrays, ctx.request
@@ -148,8 +255,6 @@ def build_plan(ctx, cand, outcome) -> Plan:
     t = np.zeros(s)
     occ = np.zeros(s)
     lat = np.zeros(s)
-    from opweave_planner.search.kernels import _range_sum
-
     link_bw, link_lat, intra = arrays.link([o.config for o in cand.owners], cand.gpus)
     for j in range(s):
         o = st.owner[j]
@@ -160,6 +265,7 @@ def build_plan(ctx, cand, outcome) -> Plan:
             occ[j] = st.payload[j] * max(bh[o], bh[b]) / link_bw
             lat[j] = link_lat
     t_rtt, comp, _egr, _ing, crit_kind, crit_idx = simulate_detail(st.owner, t, occ, lat, mu, k)
+    memory = owner_memory(arrays, st, cand)
     owners = []
     rate = 0.0
     spend = busy_spend = 0.0
@@ -179,6 +285,7 @@ def build_plan(ctx, cand, outcome) -> Plan:
             replicas=n, resident_batch=resident, microbatch=bh[o],
             stage_positions=[j for j in range(s) if st.owner[j] == o],
             usd_per_hour_per_replica=_round(usd_h), busy_fraction=_round(float(comp[o]), 6),
+            memory_bytes_per_gpu=_round(memory[o][0]),
         ))
     usd_per_mtok = t_rtt * rate / 3.6e9 * 1e6
     stages = [StageOut(
@@ -190,20 +297,15 @@ def build_plan(ctx, cand, outcome) -> Plan:
     cut_ops = [seq.ops[splan.ops[0][0]].name] if s == 1 else []
     if s > 1:
         from opweave_planner.structure.blocks import detect_blocks
-        from opweave_planner.structure.templates import subblock_keys
         from opweave_planner.structure.operators import SLOTS
+        from opweave_planner.structure.templates import subblock_keys
 
         keys = subblock_keys(seq, detect_blocks(seq), cand.template.lsub)
         cut_ops = [f"layer+{keys[c][0]}.{SLOTS[keys[c][1]]}" for c in cand.template.cuts]
-    hw = ctx.hw
-    prov = Provenance(
-        tool_version=__version__, model_sha256=seq.model.source_sha256, catalog_sha256=hw.sha256,
-        profiles_sha256=profiles_hash(req.profiles_dir, [c.gpu.id for c in arrays.configs], req.backend),
-        network={"inter_node_gbps": hw.network.inter_node_gbps,
-                 "inter_node_latency_us": hw.network.inter_node_latency_us,
-                 "intra_node_latency_us": hw.network.intra_node_latency_us},
-        backend=req.backend,
-    )
+    if search is None:
+        search = SearchStats(templates=outcome.templates, exhaustive=not (req.use_pareto or req.use_bnb),
+                             space=space_record(req), **outcome.counters)
+    prov = provenance(ctx.hw, seq, search.space.gpus, req.profiles_dir, req.backend)
     order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(st.owner, mu, k)]
     return Plan(
         schema_version=SCHEMA_VERSION, model=seq.model.name,
@@ -216,12 +318,12 @@ def build_plan(ctx, cand, outcome) -> Plan:
         stages=stages, action_order=order,
         metrics=Metrics(
             inter_node_mib_per_token=_round(inter / 2**20),
-            price_weighted_occupancy=_round(busy_spend / spend, 6),
+            price_weighted_occupancy=_round(busy_spend / spend, 6) if spend > 0 else 1.0,
             per_gpu_batch=_round(cand.batch / gpus_total),
             critical_resource=CRITICAL[int(crit_kind)] + (f" of owner {int(crit_idx)}" if crit_idx >= 0 else ""),
+            stage_link="none" if k == 1 else ("intra_node" if intra else "inter_node"),
         ),
-        search=SearchStats(templates=outcome.templates, exhaustive=not (req.use_pareto or req.use_bnb),
-                           **outcome.counters),
+        search=search,
         provenance=prov,
     )
 
@@ -243,4 +345,5 @@ def write_atomic(path: str | Path, data: bytes) -> None:
 
 
 def plan_bytes(plan: BaseModel) -> bytes:
+    """Canonical bytes of a plan (sorted keys, fixed rounding): equal inputs give equal files."""
     return dumps(plan.model_dump(mode="json"))

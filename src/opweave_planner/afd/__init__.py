@@ -36,6 +36,7 @@ _EXPORTS = {
     "fit_line": "calibrate",
     "Calibration": "calibrate",
     "LineFit": "calibrate",
+    "calibrate_from_profiles": "calibrate",
 }
 
 __all__ = [*_EXPORTS]  # noqa: PLE0604 - names resolved lazily below

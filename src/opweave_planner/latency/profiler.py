@@ -231,7 +231,7 @@ class TorchRunner:
             facts.update(device="cpu", memory_bytes=8 * 2**30)
         nbytes = 2**28 if self.device.startswith("cuda") else 2**24
         src = t.empty(nbytes // 4, device=self.device, dtype=t.float32)
-        copy_us = self._time(lambda: src.clone())
+        copy_us = self._time(src.clone)
         facts["memory_bandwidth_gbps"] = 2 * nbytes / copy_us / 1e3
         size = 4096 if self.device.startswith("cuda") else 256
         gemm_us = self.gemm(size, size, size, "bfloat16")

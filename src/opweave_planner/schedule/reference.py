@@ -62,7 +62,7 @@ def check_inputs(owner, t, occ, lat, mu: int, n_owners: int) -> None:
         raise ValueError("a plan needs at least one stage")
     if not (len(t) == len(occ) == len(lat) == S):
         raise ValueError(f"owner, t, occ, lat must all have length {S}")
-    if not 1 <= int(mu):
+    if not int(mu) >= 1:
         raise ValueError(f"mu must be >= 1, got {mu}")
     for j, o in enumerate(owner):
         if not 0 <= int(o) < n_owners:

@@ -92,7 +92,7 @@ def _search_one(ctx: Context, index: int, seed_cost: float, slo_us: float, laten
     if found:
         owners = tuple(Owner(int(best_i[2 + 3 * o]), int(best_i[3 + 3 * o]), int(best_i[4 + 3 * o]))
                        for o in range(st.k))
-        cand = Candidate(index, tmpl, float(best_f[0]), float(best_f[1]), int(round(best_f[2])),
+        cand = Candidate(index, tmpl, float(best_f[0]), float(best_f[1]), round(best_f[2]),
                          plan.n_stages, int(best_i[0]), int(best_i[1]), owners)
     return cand, counters
 

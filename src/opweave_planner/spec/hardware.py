@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from opweave_planner.data import shipped_dir
 from opweave_planner.errors import UserError

@@ -47,7 +47,7 @@ def detect_blocks(seq: OperatorSequence) -> BlockStructure:
     n = len(exact)
     best: tuple[int, int] | None = None
     for total in range(1, n + 1):
-        for q in range(0, total):
+        for q in range(total):
             p = total - q
             if q + p > n:
                 continue

@@ -94,7 +94,7 @@ def expand(seq: OperatorSequence, template: Template) -> StagePlan:
     stage_owner = []
     for s_idx, start in enumerate(starts):
         end = starts[(s_idx + 1) % len(starts)]
-        idx = list(range(start, end)) if end > start else list(range(start, n)) + list(range(0, end))
+        idx = list(range(start, end)) if end > start else list(range(start, n)) + list(range(end))
         stage_ops.append(tuple(idx))
         stage_owner.append(owners[start])
     # Stage 0 is the one containing operator 0 (embed).
