@@ -1,0 +1,75 @@
+"""Operator-level latency lookup: every shipped model on every shipped GPU, sources, shards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opweave_planner import api
+from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
+from opweave_planner.spec.hardware import load_hardware
+from opweave_planner.spec.model import bundled_models, load_model
+from opweave_planner.structure.operators import build_sequence
+
+SHIPPED = ("h100", "h200", "a100", "l40s")
+GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@pytest.mark.parametrize("model", bundled_models())
+def test_profiles_show_every_model_gpu_tp(model):
+    for gpu in SHIPPED:
+        for tp in (1, 2, 4, 8):
+            info = api.profile_table(model, gpu, tp, "32k")
+            for row in info["operators"]:
+                lat = np.array(row["latency_us"])
+                assert np.all(np.isfinite(lat)) and np.all(lat > 0), (model, gpu, tp, row)
+                assert set(row["source"]) <= {"measured", "interpolated", "clamped", "fitted", "roofline"}
+            assert info["decode_step_ms"] == sorted(info["decode_step_ms"])  # more requests never faster
+
+
+def test_unprofiled_gpu_uses_fitted_roofline():
+    info = api.profile_table("llama-3.1-8b", "b200", 1, "8k")
+    assert all(s == "fitted" for r in info["operators"] for s in r["source"])
+    assert "qkv_proj" in info["not_measured_kinds"]
+
+
+@pytest.mark.parametrize("model", ["gemma-3-27b", "qwen3-next-80b-a3b", "deepseek-v3"])
+def test_latency_monotone_in_batch_and_context(model):
+    seq = build_sequence(load_model(model))
+    g = load_hardware().resolve("h100")
+    short = op_latencies(seq, g, Parallel(8), 4096, GRID)
+    long = op_latencies(seq, g, Parallel(8), 65536, GRID)
+    assert np.all(np.diff(short.lat_us, axis=1) >= -1e-9)
+    assert np.all(long.lat_us >= short.lat_us - 1e-9)
+
+
+def test_sliding_window_attention_stops_growing_past_its_window():
+    seq = build_sequence(load_model("gemma-3-27b"))
+    g = load_hardware().resolve("h100")
+    idx = next(i for i, op in enumerate(seq.ops) if op.kind == "attn_sliding")
+    full = next(i for i, op in enumerate(seq.ops) if op.kind == "attn_full")
+    a = op_latencies(seq, g, Parallel(1), 8192, GRID)
+    b = op_latencies(seq, g, Parallel(1), 65536, GRID)
+    assert np.array_equal(a.lat_us[idx], b.lat_us[idx])
+    assert np.all(b.lat_us[full] > a.lat_us[full])
+
+
+def test_tensor_parallel_all_reduce_is_charged():
+    seq = build_sequence(load_model("llama-3.1-70b"))
+    g = load_hardware().resolve("h100")
+    o = next(i for i, op in enumerate(seq.ops) if op.kind == "o_proj")
+    tp1 = op_latencies(seq, g, Parallel(1), 8192, (64,)).lat_us[o, 0]
+    tp8 = op_latencies(seq, g, Parallel(8), 8192, (64,)).lat_us[o, 0]
+    assert tp8 > tp1 / 8  # the all-reduce keeps TP from scaling perfectly
+
+
+def test_memory_shards():
+    seq = build_sequence(load_model("qwen3-32b"))
+    attn = next(op for op in seq.ops if op.kind == "attn_full")
+    # 8 KV heads: split up to 8 ways, replicated beyond
+    assert kv_shard(attn, 8, 1000) == kv_shard(attn, 16, 1000) == attn.kv_bytes(1000) / 8
+    qkv = next(op for op in seq.ops if op.kind == "qkv_proj")
+    assert weight_shard(qkv, 4) == qkv.weight_bytes / 4
+    ds = build_sequence(load_model("deepseek-v3"))
+    mla = next(op for op in ds.ops if op.kind == "attn_mla")
+    assert kv_shard(mla, 8, 1000) == mla.kv_bytes(1000)  # latent cache replicated across TP
