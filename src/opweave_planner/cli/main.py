@@ -136,7 +136,7 @@ def _register_subcommands() -> None:
         report.emit_json(info) if as_json else report.render_profile_table(info)
 
     app.add_typer(profiles_cli.app, name="profiles", help="Import, show and measure latency profiles")
-    app.command("profile", help="Measure a model's kernels on the local CUDA GPU (needs the [profile] extra)")(
+    app.command("profile", help="Measure a model's kernels on the local CUDA GPU (needs the profile extra: PyTorch)")(
         profiles_cli.profile_cmd)
     for module, attr, name in (("afd", "app", "afd"),):
         try:
@@ -144,6 +144,12 @@ def _register_subcommands() -> None:
         except ImportError:
             continue
         app.add_typer(getattr(mod, attr), name=name)
+    from opweave_planner.cli import contract as contract_cli
+
+    app.command("schema")(contract_cli.schema_cmd)
+    app.command("simulate")(contract_cli.simulate_cmd)
+    app.command("diff")(contract_cli.diff_cmd)
+    app.command("regen")(contract_cli.regen_cmd)
     for module, attr, name in (("theory", "theory_cmd", "theory"), ("compare", "compare_cmd", "compare")):
         try:
             mod = __import__(f"opweave_planner.cli.{module}", fromlist=[attr])

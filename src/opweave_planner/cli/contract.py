@@ -1,0 +1,141 @@
+"""`opweave-plan schema | simulate | diff | regen`: plan files as a contract, and CI regeneration.
+
+Command functions only; `cli/main.py` registers them. Module import pulls in typer and the
+standard library only (the library modules load inside the command bodies).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+
+def _emit(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+
+
+def schema_cmd(
+    out: str = typer.Option(None, "--out", "-o", help="Write the schema here (atomically) instead of stdout"),
+) -> None:
+    """Print the JSON Schema of plan files (generated from the plan model)."""
+    from opweave_planner.contract import schema_bytes
+    from opweave_planner.plan import write_atomic
+
+    data = schema_bytes()
+    if out:
+        write_atomic(out, data)
+    else:
+        _emit(data)
+
+
+def simulate_cmd(
+    plan: str = typer.Argument(..., help="Plan file (JSON) written by opweave-plan"),
+    prices: str = typer.Option(None, "--prices", help="TOML/JSON: GPU id -> USD per GPU-hour (overrides the "
+                                                      "plan's recorded prices for the GPUs it names)"),
+    catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
+    profiles_dir: str = typer.Option(None, "--profiles", help="Profile folder (default: shipped)"),
+    network_bandwidth: float = typer.Option(None, "--network-bandwidth",
+                                            help="Inter-node GB/s (default: the plan's)"),
+    network_latency: float = typer.Option(None, "--network-latency", help="Inter-node latency in us (default: the plan's)"),
+    model: str = typer.Option(None, "--model", "-m", help="Model name or config.json (default: the plan's model)"),
+    out: str = typer.Option(None, "--out", "-o", help="Also write the re-simulated plan file here"),
+    as_json: bool = typer.Option(False, "--json", help="Emit JSON (the plan's own key names)"),
+) -> None:
+    """Re-evaluate a plan under new prices, network or profiles without searching.
+
+    Exit 0 when it still meets its SLO and fits memory, 1 when it does not, 2 on bad input.
+    """
+    from opweave_planner.contract import evaluate_plan, read_feasible_plan
+    from opweave_planner.plan import plan_bytes, write_atomic
+    from opweave_planner.report import dumps
+
+    doc = read_feasible_plan(plan)
+    ev = evaluate_plan(doc, where=plan, prices=prices, catalog=catalog, profiles_dir=profiles_dir,
+                       network_gbps=network_bandwidth, network_latency_us=network_latency, model=model)
+    if out:
+        write_atomic(out, plan_bytes(ev.plan))
+    info = ev.to_dict()
+    if as_json:
+        _emit(dumps(info))
+    else:
+        old, new = info["previous"], info
+        w = info["workload"]
+
+        def pct(a: float, b: float) -> str:
+            return f" ({(b / a - 1) * 100:+.2f}%)" if a else ""
+
+        print(f"{info['model']} @ {w['context_tokens']} tokens, SLO {w['tpot_slo_ms']:g} ms, policy {info['policy']}, "
+              f"{info['gpus_total']} GPUs")
+        print(f"  cost: {old['usd_per_million_tokens']:.6g} -> {new['usd_per_million_tokens']:.6g} USD per million "
+              f"tokens{pct(old['usd_per_million_tokens'], new['usd_per_million_tokens'])}")
+        print(f"  TPOT: {old['tpot_ms']:.6g} -> {new['tpot_ms']:.6g} ms{pct(old['tpot_ms'], new['tpot_ms'])}")
+        print(f"  meets SLO: {'yes' if info['meets_slo'] else 'NO'}; fits memory: "
+              f"{'yes' if info['fits_memory'] else 'NO'}")
+        for o in info["owners"]:
+            print(f"  owner {o['index']}: {o['replicas']}x {o['gpu']} TP{o['tensor_parallel']}, "
+                  f"{o['usd_per_hour_per_replica']:.4g} USD/h per replica, memory "
+                  f"{o['memory_bytes_per_gpu'] / 2**30:.2f} of {o['usable_memory_bytes_per_gpu'] / 2**30:.2f} GiB per GPU")
+        print(f"  inputs changed: {', '.join(info['inputs_changed']) or 'none'}")
+    if not (ev.meets_slo and ev.fits_memory):
+        raise typer.Exit(1)
+
+
+def diff_cmd(
+    old: str = typer.Argument(..., help="Old plan file"),
+    new: str = typer.Argument(..., help="New plan file"),
+    as_json: bool = typer.Option(False, "--json", help="Emit JSON"),
+) -> None:
+    """Explain what changed between two plan files (placement, GPUs, batch, cost, TPOT).
+
+    Exit 0 when equivalent, 1 when the plan changed, 2 on bad input.
+    """
+    from opweave_planner.contract import diff_plans, read_plan
+    from opweave_planner.report import dumps
+
+    result = diff_plans(read_plan(old), read_plan(new))
+    if as_json:
+        _emit(dumps(result))
+    else:
+        if result["equivalent"]:
+            print("equivalent: same placement, GPUs, batch, cost and TPOT")
+        for c in result["changes"]:
+            print(c["summary"])
+        if result["inputs_changed"]:
+            print(f"inputs changed: {', '.join(result['inputs_changed'])}")
+        for note in result["notes"]:
+            print(f"note: {note}")
+    if not result["equivalent"]:
+        raise typer.Exit(1)
+
+
+def regen_cmd(
+    matrix: str = typer.Option(..., "--matrix", help="Matrix TOML: models x contexts x SLOs x GPU sets x policies"),
+    out: str = typer.Option(..., "--out", "-o", help="Folder of plan files to update"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Local worker processes (same bytes as 1)"),
+    ray: str = typer.Option(None, "--ray", help="Run on a Ray cluster: ADDRESS, 'auto' or 'local' "
+                                                "(needs the [ray] extra; same bytes as local)"),
+    retries: int = typer.Option(1, "--retries", help="Retries of a failed or lost entry"),
+    prune: bool = typer.Option(False, "--prune", help="Delete plan files in --out that the matrix no longer lists"),
+    as_json: bool = typer.Option(False, "--json", help="Emit the summary as JSON"),
+) -> None:
+    """Plan every matrix entry; rewrite only files that changed (atomically).
+
+    Exit 1 when any plan file changed, 0 when none, 2 on bad input or a failed entry.
+    """
+    from opweave_planner.errors import UserError
+    from opweave_planner.regen import regen
+    from opweave_planner.report import dumps
+
+    report = regen(matrix, out, jobs=jobs, ray=ray, retries=retries, prune=prune)
+    if as_json:
+        _emit(dumps(report.to_dict()))
+    else:
+        print("\n".join(report.lines()))
+    failed = [f for f in report.files if f.status == "failed"]
+    if failed:
+        raise UserError(f"{len(failed)} of {report.entries} entries failed (the others were written): "
+                        + "; ".join(f"{f.name}: {f.summary}" for f in failed))
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)

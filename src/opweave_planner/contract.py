@@ -1,0 +1,424 @@
+"""Plan files as a contract: JSON Schema, loading/validation, re-evaluation and diff.
+
+- `plan_schema()` generates the JSON Schema of plan files from the pydantic models in
+  `opweave_planner.plan`; the package ships it as `schemas/plan.schema.json` (a test keeps
+  the two equal).
+- `read_plan(path)` loads a plan (or infeasibility record) and rejects a malformed file or
+  an unknown `schema_version` with one line naming the file and the reason.
+- `evaluate_plan(plan, ...)` re-simulates a plan's placement under new prices, network or
+  profiles without searching, after checking that it is consistent with the model (every
+  operator exactly once, stages equal to the template's expansion).
+- `diff_plans(old, new)` says what changed: placement, GPUs, batch, cost and TPOT.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from opweave_planner.errors import UserError
+from opweave_planner.plan import SCHEMA_MAJOR, SCHEMA_VERSION, Infeasible, Plan
+from opweave_planner.report import dumps
+
+SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "plan.schema.json"
+SCHEMA_TITLE = "opweave-planner plan file"
+
+
+# ----------------------------------------------------------------------------- schema
+
+def plan_schema() -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of a plan file: a Plan or an Infeasible record."""
+    from pydantic.json_schema import models_json_schema
+
+    _, defs = models_json_schema([(Plan, "validation"), (Infeasible, "validation")],
+                                 ref_template="#/$defs/{model}")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": SCHEMA_TITLE,
+        "description": (
+            f"Plan files of schema_version {SCHEMA_VERSION} (readers of major version {SCHEMA_MAJOR} "
+            "accept any 1.x file whose minor version they know). Additive change (a new optional "
+            "key) bumps MINOR; removing or renaming a key or changing a meaning or unit bumps MAJOR. "
+            "See docs/consuming-a-plan.md."
+        ),
+        "x-schema-version": SCHEMA_VERSION,
+        "oneOf": [{"$ref": "#/$defs/Plan"}, {"$ref": "#/$defs/Infeasible"}],
+        "$defs": defs["$defs"],
+    }
+
+
+def schema_bytes() -> bytes:
+    return dumps(plan_schema())
+
+
+def shipped_schema_bytes() -> bytes:
+    return SCHEMA_FILE.read_bytes()
+
+
+# ----------------------------------------------------------------------------- loading
+
+_VERSION = re.compile(r"^([0-9]+)\.([0-9]+)$")
+
+
+def supported_minor() -> int:
+    return int(SCHEMA_VERSION.split(".")[1])
+
+
+def check_version(version: Any, where: str) -> None:
+    if not isinstance(version, str) or not _VERSION.match(version):
+        raise UserError(f"{where}: schema_version {version!r} is not MAJOR.MINOR; not an opweave plan file")
+    major, minor = (int(x) for x in version.split("."))
+    if major != SCHEMA_MAJOR or minor > supported_minor():
+        raise UserError(f"{where}: unknown schema_version '{version}'; this opweave-planner reads "
+                        f"{SCHEMA_MAJOR}.0 to {SCHEMA_VERSION} (a newer file needs a newer opweave-planner)")
+
+
+def _first_error(exc: ValidationError) -> str:
+    errs = exc.errors()
+    e = errs[0]
+    loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+    more = f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})" if len(errs) > 1 else ""
+    return f"{loc}: {e['msg']}{more}"
+
+
+def parse_plan(obj: Any, where: str) -> Plan | Infeasible:
+    """Validate a decoded JSON document into a Plan or an Infeasible record."""
+    if not isinstance(obj, dict):
+        raise UserError(f"{where}: expected a JSON object (a plan file), got {type(obj).__name__}")
+    if "schema_version" not in obj:
+        raise UserError(f"{where}: no schema_version key; not an opweave plan file")
+    check_version(obj["schema_version"], where)
+    model = Infeasible if obj.get("feasible") is False else Plan
+    try:
+        doc = model.model_validate(obj)
+    except ValidationError as exc:
+        raise UserError(f"{where}: malformed plan: {_first_error(exc)}") from None
+    if isinstance(doc, Plan):
+        check_internal(doc, where)
+    return doc
+
+
+def read_plan(path: str | Path) -> Plan | Infeasible:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{path}: plan file does not exist")
+    try:
+        obj = orjson.loads(p.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise UserError(f"{path}: malformed plan: not valid JSON ({exc})") from None
+    return parse_plan(obj, str(path))
+
+
+def read_feasible_plan(path: str | Path) -> Plan:
+    doc = read_plan(path)
+    if isinstance(doc, Infeasible):
+        raise UserError(f"{path}: is an infeasibility record ({doc.reason}); there is no plan to simulate")
+    return doc
+
+
+def check_internal(plan: Plan, where: str) -> None:
+    """Cross-field consistency that needs no model: indices, positions and batch arithmetic."""
+    def bad(msg: str) -> UserError:
+        return UserError(f"{where}: inconsistent plan: {msg}")
+
+    k = len(plan.owners)
+    if plan.template.owners != k:
+        raise bad(f"template.owners is {plan.template.owners} but there are {k} owners")
+    if plan.num_stages != len(plan.stages):
+        raise bad(f"num_stages is {plan.num_stages} but there are {len(plan.stages)} stages")
+    for j, st in enumerate(plan.stages):
+        if st.index != j:
+            raise bad(f"stages[{j}].index is {st.index}")
+        if st.owner >= k:
+            raise bad(f"stages[{j}].owner {st.owner} does not exist ({k} owners)")
+    gpus = 0
+    for o, own in enumerate(plan.owners):
+        if own.index != o:
+            raise bad(f"owners[{o}].index is {own.index}")
+        mine = [j for j, st in enumerate(plan.stages) if st.owner == o]
+        if own.stage_positions != mine:
+            raise bad(f"owners[{o}].stage_positions {own.stage_positions} but its stages are {mine}")
+        if own.resident_batch != plan.microbatches * own.microbatch:
+            raise bad(f"owners[{o}].resident_batch {own.resident_batch} != microbatches x microbatch")
+        if own.resident_batch * own.replicas != plan.global_batch:
+            raise bad(f"owners[{o}] serves {own.resident_batch} x {own.replicas} requests, "
+                      f"global_batch is {plan.global_batch}")
+        gpus += own.replicas * own.tensor_parallel
+    if gpus != plan.gpus_total:
+        raise bad(f"gpus_total is {plan.gpus_total} but the owners hold {gpus} GPUs")
+    if len(plan.action_order) != k:
+        raise bad(f"action_order has {len(plan.action_order)} lists for {k} owners")
+
+
+def check_against_model(plan: Plan, seq, where: str):
+    """Every operator of the model exactly once, and stages equal to the template's expansion.
+
+    Returns the Template to re-simulate.
+    """
+    from opweave_planner.structure.blocks import detect_blocks
+    from opweave_planner.structure.templates import Template, expand
+
+    def bad(msg: str) -> UserError:
+        return UserError(f"{where}: inconsistent with model {seq.model.name}: {msg}")
+
+    names = [op.name for op in seq.ops]
+    known = set(names)
+    seen: dict[str, list[int]] = {}
+    for st in plan.stages:
+        for name in st.operators:
+            seen.setdefault(name, []).append(st.index)
+    unknown = [n for n in seen if n not in known]
+    if unknown:
+        raise bad(f"operator '{unknown[0]}' is not in the model" + _more(unknown))
+    counts = Counter({n: len(v) for n, v in seen.items()})
+    repeated = [n for n in names if counts[n] > 1]
+    if repeated:
+        n = repeated[0]
+        raise bad(f"operator '{n}' repeated (stages {', '.join(map(str, seen[n]))})" + _more(repeated))
+    missing = [n for n in names if n not in seen]
+    if missing:
+        raise bad(f"operator '{missing[0]}' missing" + _more(missing))
+    blocks = detect_blocks(seq)
+    lsub, cuts = plan.template.subblock_layers, tuple(plan.template.cut_positions)
+    if lsub not in blocks.subblocks:
+        raise bad(f"template.subblock_layers {lsub} is not a sub-block length of the model "
+                  f"({', '.join(map(str, blocks.subblocks))})")
+    n_ops = blocks.ops_per_subblock[lsub]
+    if list(cuts) != sorted(set(cuts)) or any(not 0 <= c < n_ops for c in cuts) or not cuts:
+        raise bad(f"template.cut_positions {list(cuts)} are not sorted distinct positions in [0, {n_ops})")
+    tmpl = Template(lsub=lsub, cuts=cuts)
+    splan = expand(seq, tmpl)
+    if splan.n_stages != len(plan.stages) or max(splan.owner) + 1 != len(plan.owners):
+        raise bad(f"the template expands to {splan.n_stages} stages over {max(splan.owner) + 1} owners, "
+                  f"the plan lists {len(plan.stages)} over {len(plan.owners)}")
+    for j, st in enumerate(plan.stages):
+        expect = [names[i] for i in splan.ops[j]]
+        if st.operators != expect or st.owner != splan.owner[j]:
+            raise bad(f"stage {j} differs from the template's expansion (expected owner {splan.owner[j]}, "
+                      f"operators {expect[0]}..{expect[-1]})")
+    return tmpl
+
+
+def _more(items: list) -> str:
+    return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+@dataclass
+class Evaluation:
+    plan: Plan  # the plan re-simulated under the new inputs (same placement)
+    previous: Plan
+    meets_slo: bool
+    fits_memory: bool
+    memory: list[tuple[float, float]]  # per owner: (bytes needed, usable bytes) per GPU
+    inputs_changed: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        p, old = self.plan, self.previous
+        return {
+            "model": p.model,
+            "policy": p.policy,
+            "workload": p.workload.model_dump(),
+            "usd_per_million_tokens": p.usd_per_million_tokens,
+            "tpot_ms": p.tpot_ms,
+            "meets_slo": self.meets_slo,
+            "fits_memory": self.fits_memory,
+            "gpus_total": p.gpus_total,
+            "previous": {"usd_per_million_tokens": old.usd_per_million_tokens, "tpot_ms": old.tpot_ms},
+            "owners": [
+                {"index": o.index, "gpu": o.gpu, "tensor_parallel": o.tensor_parallel, "replicas": o.replicas,
+                 "usd_per_hour_per_replica": o.usd_per_hour_per_replica, "busy_fraction": o.busy_fraction,
+                 "memory_bytes_per_gpu": o.memory_bytes_per_gpu,
+                 "usable_memory_bytes_per_gpu": float(f"{usable:.9g}"), "fits_memory": need <= usable}
+                for o, (need, usable) in zip(p.owners, self.memory, strict=True)
+            ],
+            "metrics": p.metrics.model_dump(),
+            "inputs_changed": self.inputs_changed,
+        }
+
+
+_PROVENANCE_INPUTS = (("model_sha256", "model"), ("catalog_sha256", "catalog"), ("prices_sha256", "prices"),
+                      ("profiles_sha256", "profiles"), ("network_sha256", "network"),
+                      ("backend", "backend"), ("tool_version", "tool_version"))
+
+
+def _hardware(plan: Plan, catalog: str | None, prices: str | None, network: dict[str, float | None]):
+    """Catalog in effect: the plan's recorded prices and network, then the overrides given."""
+    from opweave_planner.spec.hardware import Network, load_hardware, parse_prices, read_table_file
+
+    hw = load_hardware(catalog, prices)
+    named: set[str] = set()
+    if prices:
+        aliases = {a: g.id for g in hw.gpus for a in (g.id, *g.aliases)}
+        named = set(parse_prices(read_table_file(prices, "--prices"), hw.ids(), aliases, prices))
+    ids = set(hw.ids())
+    recorded = plan.provenance.prices_usd_per_gpu_hour
+    gpus = []
+    for g in hw.gpus:
+        if g.id in recorded and g.id not in named:
+            g = g.model_copy(update={"price_per_hour": recorded[g.id]})
+        gpus.append(g)
+    for gid in {o.gpu for o in plan.owners} | set(plan.search.space.gpus):
+        if gid not in ids:
+            raise UserError(f"plan uses GPU type '{gid}', which the catalog in effect lacks; pass --catalog")
+    hw = hw.model_copy(update={"gpus": tuple(gpus)})
+    net = {k: v for k, v in plan.provenance.network.items() if k in Network.model_fields}
+    hw = hw.model_copy(update={"network": Network(**net)})
+    return hw.with_network(**network)
+
+
+def evaluate_plan(plan: Plan, *, where: str = "plan", prices: str | None = None, catalog: str | None = None,
+                  profiles_dir: str | None = None, network_gbps: float | None = None,
+                  network_latency_us: float | None = None, model: str | None = None) -> Evaluation:
+    """Re-simulate `plan`'s placement (no search) under new prices / network / profiles.
+
+    Defaults are the plan's own recorded prices and network, the shipped catalog and profiles,
+    so an unchanged plan under unchanged inputs reproduces its figures exactly.
+    """
+    from opweave_planner.plan import build_plan, owner_memory
+    from opweave_planner.search.arrays import build_arrays, stage_arrays
+    from opweave_planner.search.driver import Candidate, Context, Owner
+    from opweave_planner.search.space import SearchRequest, SearchSpace
+    from opweave_planner.spec.model import load_model
+    from opweave_planner.structure.operators import build_sequence
+    from opweave_planner.structure.templates import expand
+
+    if network_gbps is not None and network_gbps <= 0:
+        raise UserError("--network-bandwidth: must be positive")
+    if network_latency_us is not None and network_latency_us < 0:
+        raise UserError("--network-latency: must be non-negative")
+    seq = build_sequence(load_model(model or plan.model))
+    tmpl = check_against_model(plan, seq, where)
+    hw = _hardware(plan, catalog, prices, {"inter_node_gbps": network_gbps,
+                                           "inter_node_latency_us": network_latency_us})
+    rec = plan.search.space
+    own_gpus = tuple(dict.fromkeys(o.gpu for o in plan.owners))
+    space = SearchSpace(
+        gpus=own_gpus, tps=tuple(sorted({o.tensor_parallel for o in plan.owners})),
+        batches=(plan.global_batch,), max_owners=len(plan.owners), max_microbatches=plan.microbatches,
+        max_replicas=max(o.replicas for o in plan.owners), max_gpus=max(rec.max_gpus, plan.gpus_total),
+        moe_expert_parallel=any(o.expert_parallel > 1 for o in plan.owners), policy=plan.policy)
+    backend = plan.provenance.backend
+    req = SearchRequest(model=model or plan.model, context=plan.workload.context_tokens,
+                        slo_ms=plan.workload.tpot_slo_ms, space=space, catalog=catalog, prices=prices,
+                        profiles_dir=profiles_dir, backend=backend, reserve_gb=rec.memory_reserve_gb)
+    arrays = build_arrays(seq, hw, space.gpus, space.tps, space.moe_expert_parallel, req.context,
+                          space.microbatch_grid(), profiles_dir, backend, rec.memory_reserve_gb)
+    owners = []
+    for o in plan.owners:
+        ep = o.expert_parallel > 1
+        match = [c for c, cfg in enumerate(arrays.configs)
+                 if cfg.gpu.id == o.gpu and cfg.parallel.tp == o.tensor_parallel and cfg.parallel.moe_ep == ep]
+        if not match:
+            raise UserError(f"{where}: owner {o.index} ({o.gpu} TP{o.tensor_parallel}, EP{o.expert_parallel}) "
+                            f"is not a configuration {seq.model.name} can run")
+        owners.append(Owner(match[0], o.replicas, int(arrays.mb_index[o.microbatch])))
+    cand = Candidate(0, tmpl, 0.0, 0.0, plan.gpus_total, plan.num_stages, plan.global_batch,
+                     plan.microbatches, tuple(owners))
+    ctx = Context(req, hw, seq, arrays, [tmpl])
+    new = build_plan(ctx, cand, None, search=plan.search)
+    memory = owner_memory(arrays, stage_arrays(seq, expand(seq, tmpl)), cand)
+    changed = [label for key, label in _PROVENANCE_INPUTS
+               if getattr(plan.provenance, key) != getattr(new.provenance, key)]
+    return Evaluation(
+        plan=new, previous=plan,
+        meets_slo=new.tpot_ms <= plan.workload.tpot_slo_ms * (1 + 1e-12),
+        fits_memory=all(need <= usable for need, usable in memory),
+        memory=memory, inputs_changed=changed,
+    )
+
+
+# ----------------------------------------------------------------------------- diff
+
+def _gpus_words(p: Plan) -> str:
+    parts = [f"{o.replicas}x {o.gpu} TP{o.tensor_parallel}" + (f" EP{o.expert_parallel}" if o.expert_parallel > 1 else "")
+             for o in p.owners]
+    return f"{' + '.join(parts)} ({p.gpus_total} GPUs)"
+
+
+def _placement(p: Plan) -> dict[str, Any]:
+    return {"template": {"subblock_layers": p.template.subblock_layers, "cut_positions": p.template.cut_positions},
+            "num_stages": p.num_stages,
+            "stages": [[s.owner, s.operators[0], s.operators[-1], len(s.operators)] for s in p.stages]}
+
+
+def _placement_words(p: Plan) -> str:
+    cuts = ", ".join(p.template.cut_operators)
+    return f"{p.num_stages} stage{'s' if p.num_stages != 1 else ''} over {len(p.owners)} owner" \
+           f"{'s' if len(p.owners) != 1 else ''} (sub-block {p.template.subblock_layers} layer(s), cuts {cuts})"
+
+
+def _gpus(p: Plan) -> list:
+    return [[o.gpu, o.tensor_parallel, o.expert_parallel, o.replicas] for o in p.owners]
+
+
+def _batch(p: Plan) -> dict[str, Any]:
+    return {"global_batch": p.global_batch, "microbatches": p.microbatches,
+            "microbatch": [o.microbatch for o in p.owners]}
+
+
+def _batch_words(p: Plan) -> str:
+    return f"B={p.global_batch}, {p.microbatches} microbatch(es), per-owner microbatch " \
+           f"{'/'.join(str(o.microbatch) for o in p.owners)}"
+
+
+def _pct(old: float, new: float) -> str:
+    return f" ({(new / old - 1) * 100:+.2f}%)" if old else ""
+
+
+def _request(p: Plan | Infeasible) -> dict[str, Any]:
+    return {"model": p.model, "policy": p.policy, "workload": p.workload.model_dump()}
+
+
+def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]:
+    """What changed between two plan files; `equivalent` is False when the plan changed."""
+    changes: list[dict[str, Any]] = []
+
+    def add(aspect: str, o: Any, n: Any, words: str) -> None:
+        changes.append({"aspect": aspect, "old": o, "new": n, "summary": words})
+
+    if _request(old) != _request(new):
+        ro, rn = _request(old), _request(new)
+        add("request", ro, rn, f"request: {ro['model']} {ro['policy']} ctx {ro['workload']['context_tokens']} "
+            f"SLO {ro['workload']['tpot_slo_ms']:g} ms -> {rn['model']} {rn['policy']} ctx "
+            f"{rn['workload']['context_tokens']} SLO {rn['workload']['tpot_slo_ms']:g} ms")
+    notes: list[str] = []
+    fo, fn = isinstance(old, Plan), isinstance(new, Plan)
+    if not (fo and fn):
+        if fo != fn or old.reason != new.reason:  # type: ignore[union-attr]
+            def state(d):
+                return "feasible" if isinstance(d, Plan) else f"infeasible ({d.reason})"
+            add("feasibility", fo, fn, f"feasibility: {state(old)} -> {state(new)}")
+        return {"equivalent": not changes, "changes": changes, "inputs_changed": [], "notes": notes}
+    assert isinstance(old, Plan) and isinstance(new, Plan)
+    if _placement(old) != _placement(new):
+        add("placement", _placement(old), _placement(new),
+            f"placement: {_placement_words(old)} -> {_placement_words(new)}")
+    if _gpus(old) != _gpus(new):
+        add("gpus", _gpus(old), _gpus(new), f"GPUs: {_gpus_words(old)} -> {_gpus_words(new)}")
+    if _batch(old) != _batch(new):
+        add("batch", _batch(old), _batch(new), f"batch: {_batch_words(old)} -> {_batch_words(new)}")
+    if old.usd_per_million_tokens != new.usd_per_million_tokens:
+        a, b = old.usd_per_million_tokens, new.usd_per_million_tokens
+        add("usd_per_million_tokens", a, b, f"cost: {a:.6g} -> {b:.6g} USD per million tokens{_pct(a, b)}")
+    if old.tpot_ms != new.tpot_ms:
+        a, b = old.tpot_ms, new.tpot_ms
+        add("tpot_ms", a, b, f"TPOT: {a:.6g} -> {b:.6g} ms{_pct(a, b)}")
+    inputs = [label for key, label in _PROVENANCE_INPUTS
+              if getattr(old.provenance, key) != getattr(new.provenance, key)]
+    po, pn = old.provenance.prices_usd_per_gpu_hour, new.provenance.prices_usd_per_gpu_hour
+    for gid in sorted(set(po) | set(pn)):
+        if po.get(gid) != pn.get(gid):
+            notes.append(f"price of {gid}: {po.get(gid)} -> {pn.get(gid)} USD per GPU-hour")
+    if old.metrics != new.metrics and not changes:
+        notes.append("metrics differ")
+    if old.search != new.search:
+        notes.append("search statistics or searched space differ")
+    return {"equivalent": not changes, "changes": changes, "inputs_changed": inputs, "notes": notes}
