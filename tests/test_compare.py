@@ -141,3 +141,9 @@ def test_cli_json_and_plot(tmp_path):
                                    "--plot", str(png), "-q"])
     assert res.exit_code == 0, res.output
     assert png.stat().st_size > 0
+
+
+def test_parallel_executor_gives_identical_result(small):
+    """Independent searches run through the shared executor; 2 processes == in-process."""
+    again = compare("llama-3.1-8b", ["8k"], ["3.5ms", "60ms"], gpus="h100", jobs=2, **SMALL)
+    assert dumps(again) == dumps(small)

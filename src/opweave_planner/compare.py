@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from opweave_planner.errors import UserError
+from opweave_planner.executor import make_executor
 
 POLICY_ORDER = ("opweave", "colocated", "afd", "cad")
 BASELINES = ("colocated", "afd", "cad")
@@ -131,10 +132,21 @@ def cell_summary(policies: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"best_baseline": best_pol, "best_baseline_usd": best, "ratio": ratio}
 
 
+def search_entry(req) -> dict[str, Any]:
+    """One independent search (module level so worker processes and Ray can run it)."""
+    from opweave_planner import api
+
+    return plan_entry(*api.plan(req))
+
+
+def executor_label(jobs: int, ray_address: str | None) -> str:
+    return f"Ray at {ray_address}" if ray_address else (f"{jobs} processes" if jobs > 1 else "this process")
+
+
 def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | float], gpus: str | None = None,
             policies: Sequence[str] = POLICY_ORDER,
             networks: Sequence[tuple[float | None, float | None]] | None = None,
-            jobs: int = 1, homogeneous: bool = True,
+            jobs: int = 1, homogeneous: bool = True, ray_address: str | None = None, retries: int = 1,
             progress: Callable[[str], None] | None = None, cache: dict | None = None,
             **space_kw) -> dict[str, Any]:
     """Run every policy for every (context, SLO[, network]) cell; return plain data.
@@ -170,55 +182,60 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
     hetero = len(gpu_ids) > 1 and homogeneous and "opweave" in pols
     space = probe.space
 
-    def run(req) -> dict[str, Any]:
-        if cache is not None and req in cache:
-            return cache[req]
-        entry = plan_entry(*api.plan(req, jobs=jobs))
-        if cache is not None:
-            cache[req] = entry
-        return entry
-    cells = []
+    # every independent search of the grid, in a fixed order; run them through one executor
+    layout = []  # (network, ctx, slo, {policy: request}, {gpu: request} | None)
     for gbps, lat in nets:
         for ctx in ctx_list:
             for slo in slo_list:
-                where = f"ctx {_label_tokens(int(ctx))} slo {slo:g}ms"
-                if gbps is not None or lat is not None:
-                    where += f" net {gbps if gbps is not None else 'default'}GB/s/" \
-                             f"{lat if lat is not None else 'default'}us"
-                out: dict[str, dict[str, Any]] = {}
-                for pol in pols:
-                    if progress:
-                        progress(f"{where}: {pol}")
-                    req = api.make_request(model, float(slo), int(ctx), gpus=",".join(gpu_ids), policy=pol,
-                                           network_gbps=gbps, network_latency_us=lat, **space_kw)
-                    out[pol] = run(req)
-                cell: dict[str, Any] = {
-                    "context_tokens": int(ctx),
-                    "context": _label_tokens(int(ctx)),
-                    "slo_ms": float(slo),
-                    "network": {"gbps": _f(gbps), "latency_us": _f(lat)},
-                    "policies": out,
-                    **cell_summary(out),
-                }
+                reqs = {pol: api.make_request(model, float(slo), int(ctx), gpus=",".join(gpu_ids), policy=pol,
+                                              network_gbps=gbps, network_latency_us=lat, **space_kw)
+                        for pol in pols}
+                homo = None
                 if hetero:
-                    homo: dict[str, dict[str, Any]] = {}
-                    for g in gpu_ids:
-                        if progress:
-                            progress(f"{where}: opweave on {g} only")
-                        req = api.make_request(model, float(slo), int(ctx), gpus=g, policy="opweave",
-                                               network_gbps=gbps, network_latency_us=lat, **space_kw)
-                        homo[g] = run(req)
-                    best_g, best = None, None
-                    for g, e in homo.items():
-                        c = _cost(e)
-                        if c is not None and (best is None or c < best):
-                            best_g, best = g, c
-                    ours = _cost(out["opweave"])
-                    cell["homogeneous"] = homo
-                    cell["best_homogeneous"] = best_g
-                    cell["best_homogeneous_usd"] = best
-                    cell["hetero_ratio"] = _f(best / ours) if best is not None and ours else None
-                cells.append(cell)
+                    homo = {g: api.make_request(model, float(slo), int(ctx), gpus=g, policy="opweave",
+                                                network_gbps=gbps, network_latency_us=lat, **space_kw)
+                            for g in gpu_ids}
+                layout.append(((gbps, lat), ctx, slo, reqs, homo))
+    todo = []
+    for _net, _ctx, _slo, reqs, homo in layout:
+        for req in [*reqs.values(), *(homo or {}).values()]:
+            if (cache is None or req not in cache) and req not in todo:
+                todo.append(req)
+    if progress:
+        progress(f"{len(todo)} searches on {executor_label(jobs, ray_address)}")
+    results = make_executor(jobs, ray_address, retries).map(
+        search_entry, todo, [f"{r.space.policy} {r.space.gpus} {r.context} {r.slo_ms}" for r in todo])
+    done: dict = dict(cache) if cache is not None else {}
+    for req, res in zip(todo, results, strict=True):
+        if not res.ok:
+            raise UserError(f"search failed after {res.attempts} attempt(s) ({res.key}): {res.error}")
+        done[req] = res.value
+        if cache is not None:
+            cache[req] = res.value
+    cells = []
+    for (gbps, lat), ctx, slo, reqs, homo in layout:
+        out = {pol: done[req] for pol, req in reqs.items()}
+        cell: dict[str, Any] = {
+            "context_tokens": int(ctx),
+            "context": _label_tokens(int(ctx)),
+            "slo_ms": float(slo),
+            "network": {"gbps": _f(gbps), "latency_us": _f(lat)},
+            "policies": out,
+            **cell_summary(out),
+        }
+        if homo is not None:
+            homo_out = {g: done[req] for g, req in homo.items()}
+            best_g, best = None, None
+            for g, e in homo_out.items():
+                c = _cost(e)
+                if c is not None and (best is None or c < best):
+                    best_g, best = g, c
+            ours = _cost(out["opweave"])
+            cell["homogeneous"] = homo_out
+            cell["best_homogeneous"] = best_g
+            cell["best_homogeneous_usd"] = best
+            cell["hetero_ratio"] = _f(best / ours) if best is not None and ours else None
+        cells.append(cell)
     ratios = [c["ratio"] for c in cells if c["ratio"] is not None]
     hratios = [c["hetero_ratio"] for c in cells if c.get("hetero_ratio") is not None]
     return {

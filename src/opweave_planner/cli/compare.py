@@ -162,7 +162,8 @@ def compare_cmd(
     profiles_dir: str = typer.Option(None, "--profiles", help="Profile folder (default: shipped)"),
     as_json: bool = typer.Option(False, "--json", help="Emit the comparison as one JSON document"),
     plot: str = typer.Option(None, "--plot", help="Also draw grouped bars to this image file (needs matplotlib)"),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes per search (same result as 1)"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Independent searches run in parallel processes (same result as 1)"),
+    ray: str = typer.Option(None, "--ray", help="Run the searches on a Ray cluster: ADDRESS, 'auto' or 'local' (needs the ray extra)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr"),
 ) -> None:
     """Compare opweave against colocated, AFD and CAD for every context and SLO (Figures 9-14)."""
@@ -196,7 +197,7 @@ def compare_cmd(
         if show:
             print(f"\r\033[K{msg}", end="", file=sys.stderr, flush=True)
 
-    result = cmp.compare(model, context, slo, gpus=gpus, policies=policies, networks=nets, jobs=jobs,
+    result = cmp.compare(model, context, slo, gpus=gpus, policies=policies, networks=nets, jobs=jobs, ray_address=ray,
                          progress=progress, max_gpus=max_gpus, prices=prices, catalog=catalog,
                          profiles_dir=profiles_dir)
     if show:
