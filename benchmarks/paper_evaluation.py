@@ -11,6 +11,7 @@ markdown summary next to it (paper_evaluation.md), and prints the markdown.
     python benchmarks/paper_evaluation.py --pools h100    # the homogeneous part only
     python benchmarks/paper_evaluation.py --quick         # 8k+32k, h100 only, smaller batch grid
     python benchmarks/paper_evaluation.py --jobs 2 --out other.json
+    python benchmarks/paper_evaluation.py --markdown-only  # rewrite the .md from the existing .json
 
 Results are merged into an existing output file by (model, pool), so the grid
 can be filled in over several runs.
@@ -49,6 +50,15 @@ def _fmt(x, spec=".3f", none="✗"):
     return none if x is None else format(x, spec)
 
 
+def _fmt_stages(x) -> str:
+    """Baseline stage counts: a number, or a list of distinct counts ("124", "96/124")."""
+    if x is None:
+        return "n/a"
+    if isinstance(x, (list, tuple, set)):
+        return "/".join(str(v) for v in sorted(x)) if x else "n/a"
+    return str(x)
+
+
 def markdown(doc: dict) -> str:
     lines = ["# Paper evaluation grid (our profiles)", ""]
     for _key, run in sorted(doc["runs"].items()):
@@ -60,7 +70,7 @@ def markdown(doc: dict) -> str:
                   + " | ".join(f"{p} stages" for p in pols) + " | "
                   + " | ".join(f"{p} occ." for p in pols) + " | opweave MiB/tok | opweave per-GPU batch |"
                   + (" hetero vs best homo |" if any("homogeneous" in c for c in r["cells"]) else ""),
-                  "|" + "---|" * (4 + 3 * len(pols) + (1 if any("homogeneous" in c for c in r["cells"]) else 0))]
+                  "|" + "---|" * (5 + 3 * len(pols) + (1 if any("homogeneous" in c for c in r["cells"]) else 0))]
         for c in r["cells"]:
             P = c["policies"]
             ow = P.get("opweave", {})
@@ -84,7 +94,7 @@ def markdown(doc: dict) -> str:
     for m, st in s.get("stages", {}).items():
         p = PAPER["stages"].get(m, {})
         lines.append(f"| {m}: mean opweave stages vs AFD/CAD | {p.get('opweave_mean')} vs {p.get('afd_cad')} | "
-                     f"{_fmt(st.get('opweave_mean'), '.1f', 'n/a')} vs {st.get('afd_cad')} |")
+                     f"{_fmt(st.get('opweave_mean'), '.1f', 'n/a')} vs {_fmt_stages(st.get('afd_cad'))} |")
     lines.append(f"| mean price-weighted occupancy opweave vs baselines (feasible cells) | >80% vs ~50% | "
                  f"{_fmt(s.get('occupancy_opweave'), '.0%', 'n/a')} vs {_fmt(s.get('occupancy_baselines'), '.0%', 'n/a')} |")
     lines.append(f"| dominance violations (opweave dearer than a feasible baseline) | 0 | {s.get('violations', 'n/a')} |")
@@ -134,7 +144,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="8k,32k on h100 with a smaller batch grid")
     ap.add_argument("--jobs", "-j", type=int, default=1)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "paper_evaluation.json"))
+    ap.add_argument("--markdown-only", action="store_true",
+                    help="rewrite the markdown next to --out from the existing JSON; search nothing")
     args = ap.parse_args(argv)
+    if args.markdown_only:
+        out = Path(args.out)
+        text = markdown(orjson.loads(out.read_bytes()))
+        out.with_suffix(".md").write_text(text)
+        print(text)
+        return 0
     space_kw = {}
     space_label = "paper defaults (TP 1/2/4/8, 20 batch sizes to 1024, <=3 owners, <=4 microbatches, <=4 replicas, <=32 GPUs)"
     pools = [p for p in args.pools.split(";") if p]
