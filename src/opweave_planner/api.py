@@ -157,6 +157,10 @@ def make_request(model: str, slo: str | float, ctx: str | int, gpus: str | None 
         raise UserError("--gpus: no GPU type selected; expected e.g. h100 or h100,a100")
     if network_gbps is not None and network_gbps <= 0:
         raise UserError("--network-bandwidth: must be positive")
+    if network_latency_us is not None and network_latency_us < 0:
+        raise UserError("--network-latency: must be non-negative")
+    if reserve_gb is not None and reserve_gb < 0:
+        raise UserError("--reserve-gb: must be non-negative")
     space = SearchSpace(gpus=ids, policy=policy, **space_kw)
     return SearchRequest(model=model, context=context, slo_ms=float(slo_ms), space=space,
                          catalog=catalog, prices=prices, profiles_dir=profiles_dir, backend=backend,

@@ -35,6 +35,7 @@ def main(
     network_bandwidth: float = typer.Option(None, "--network-bandwidth", help="Inter-node GB/s (default 32)"),
     network_latency: float = typer.Option(None, "--network-latency", help="Inter-node latency in us (default 20)"),
     max_gpus: int = typer.Option(32, "--max-gpus", help="GPU budget of a plan"),
+    reserve_gb: float = typer.Option(None, "--reserve-gb", help="Per-GPU memory kept for the framework, CUDA context and allocator (GiB; default 3.5, plus NCCL buffers by TP)"),
     no_pareto: bool = typer.Option(False, "--no-pareto", help="Disable per-owner Pareto frontiers"),
     no_bnb: bool = typer.Option(False, "--no-bnb", help="Disable branch-and-bound pruning"),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes (same result as 1)"),
@@ -60,6 +61,7 @@ def main(
     run_plan(model=model, slo=slo, context=context, gpus=gpus, policy=policy, out=out, fmt=fmt,
              prices=prices, catalog=catalog, profiles_dir=profiles_dir, backend=backend,
              network_bandwidth=network_bandwidth, network_latency=network_latency, max_gpus=max_gpus,
+             reserve_gb=reserve_gb,
              pareto=not no_pareto, bnb=not no_bnb, jobs=jobs, quiet=quiet)
 
 

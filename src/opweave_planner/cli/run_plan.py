@@ -9,14 +9,15 @@ import typer
 
 
 def run_plan(*, model, slo, context, gpus, policy, out, fmt, prices, catalog, profiles_dir, backend,
-             network_bandwidth, network_latency, max_gpus, pareto, bnb, jobs, quiet) -> None:
+             network_bandwidth, network_latency, max_gpus, pareto, bnb, jobs, quiet,
+             reserve_gb=None) -> None:
     from opweave_planner import api, report
     from opweave_planner.plan import plan_bytes, write_atomic
 
     req = api.make_request(model, slo, context, gpus=gpus, policy=policy, catalog=catalog, prices=prices,
                            profiles_dir=profiles_dir, backend=backend, pareto=pareto, bnb=bnb,
                            network_gbps=network_bandwidth, network_latency_us=network_latency,
-                           max_gpus=max_gpus)
+                           max_gpus=max_gpus, reserve_gb=reserve_gb)
     show = not quiet and sys.stderr.isatty()
     start = time.perf_counter()
     if show:
