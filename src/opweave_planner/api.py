@@ -178,10 +178,15 @@ def _infeasible_reason(ctx, jobs: int) -> str:
         seq = ctx.seq
         kv = seq.kv_bytes(req.context) / 2**30
         w = seq.weight_bytes() / 2**30
-        biggest = max((c.gpu.memory_bytes * c.parallel.tp for c in ctx.arrays.configs), default=0) / 2**30
-        return (f"no memory-feasible plan within {req.space.max_gpus} GPUs: weights are {w:.1f} GiB and one "
+        budget = req.space.max_gpus
+        arr = ctx.arrays
+        usable = [(arr.cfg_mem[i] * c.parallel.tp, c) for i, c in enumerate(arr.configs) if c.parallel.tp <= budget]
+        best_bytes, best_cfg = max(usable, key=lambda x: x[0], default=(0.0, None))
+        group = f"{best_cfg.gpu.id} x{best_cfg.parallel.tp}" if best_cfg else "none"
+        return (f"no memory-feasible plan within {budget} GPUs: weights are {w:.1f} GiB and one "
                 f"request's KV/state at {req.context} tokens is {kv:.2f} GiB, while the largest device "
-                f"group ({', '.join(req.space.gpus)}, TP up to {max(req.space.tps)}) holds {biggest:.0f} GiB")
+                f"group allowed ({group}) has {best_bytes / 2**30:.0f} GiB usable after the per-GPU reserve "
+                f"(policy {req.space.policy})")
     fastest = relaxed.best.t_rtt_us / 1e3
     return (f"the lowest achievable TPOT is {fastest:.1f} ms > SLO {req.slo_ms:g} ms "
             f"(policy {req.space.policy}, GPUs {','.join(req.space.gpus)})")

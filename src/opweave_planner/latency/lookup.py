@@ -25,7 +25,7 @@ from opweave_planner.spec.hardware import GpuType
 from opweave_planner.structure.operators import Operator, OperatorSequence
 
 SOURCE_NAMES = interp.SOURCE_NAMES
-_REPLICATED = ("router", "mla_down", "embed")
+_REPLICATED = ("router", "mla_down")  # small or latent-shared weights every TP rank keeps
 _ALLREDUCE_AFTER = ("o_proj", "ffn_down", "moe_down")
 MOE_UP_SHARE = 2.0 / 3.0  # gate+up carry two thirds of a gated MoE's bytes and FLOPs
 
