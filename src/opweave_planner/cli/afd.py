@@ -13,6 +13,15 @@ from typing import Annotated
 
 import typer
 
+
+_COEF_KEYS = ("alpha_a", "beta_a", "alpha_f", "beta_f", "alpha_c", "beta_c")
+_CAL_KEYS = ("model", "attn_gpu", "ffn_gpu", "attn_tp", "ffn_tp", "ep", "ctx", "profiles", "backend")
+
+
+def _pick(args: dict, keys: tuple[str, ...]) -> dict:
+    """The subset of a command's arguments one setup step needs (both commands share them)."""
+    return {k: args[k] for k in keys}
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -276,33 +285,17 @@ def ratio(
     json: JsonOut = False,
 ) -> None:
     """Optimal attention/FFN ratio: r*_mf with its regime, r*_G, and a table over r."""
+    args = dict(locals())
     ratios = _parse_ratios(r, integers=False)
     coef, workload, cal = _setup(
         batch,
-        {
-            "alpha_a": alpha_a,
-            "beta_a": beta_a,
-            "alpha_f": alpha_f,
-            "beta_f": beta_f,
-            "alpha_c": alpha_c,
-            "beta_c": beta_c,
-        },
+        _pick(args, _COEF_KEYS),
         prompt_mean,
         prompt_dist,
         decode_mean,
         decode_dist,
         trace,
-        {
-            "model": model,
-            "attn_gpu": attn_gpu,
-            "ffn_gpu": ffn_gpu,
-            "attn_tp": attn_tp,
-            "ffn_tp": ffn_tp,
-            "ep": ep,
-            "ctx": ctx,
-            "profiles": profiles,
-            "backend": backend,
-        },
+        _pick(args, _CAL_KEYS),
         max_ratio=max(1, math.ceil(max(ratios))),
     )
     report = _ratio_report(coef, workload, batch, ratios)
@@ -386,35 +379,19 @@ def simulate(
     json: JsonOut = False,
 ) -> None:
     """Simulate the rA-1F bundle for each r (with --mc: the barrier Monte Carlo instead)."""
+    args = dict(locals())
     from opweave_planner.errors import UserError
 
     ratios = _parse_ratios(r, integers=True)
     coef, workload, cal = _setup(
         batch,
-        {
-            "alpha_a": alpha_a,
-            "beta_a": beta_a,
-            "alpha_f": alpha_f,
-            "beta_f": beta_f,
-            "alpha_c": alpha_c,
-            "beta_c": beta_c,
-        },
+        _pick(args, _COEF_KEYS),
         prompt_mean,
         prompt_dist,
         decode_mean,
         decode_dist,
         trace,
-        {
-            "model": model,
-            "attn_gpu": attn_gpu,
-            "ffn_gpu": ffn_gpu,
-            "attn_tp": attn_tp,
-            "ffn_tp": ffn_tp,
-            "ep": ep,
-            "ctx": ctx,
-            "profiles": profiles,
-            "backend": backend,
-        },
+        _pick(args, _CAL_KEYS),
         max_ratio=max(ratios),
     )
     from opweave_planner.afd import provisioning as pv
