@@ -237,7 +237,7 @@ def test_kernel_equals_brute_force(inst):
     best, feasible = brute_force(inst)
     event("infeasible" if best is None else "feasible")
     if best is not None:
-        event("k=%d" % inst["k"])
+        event(f"k={inst['k']}")
         event("exact cost tie at the optimum" if sum(f[0] == best[0] for f in feasible) > 1 else "unique optimum")
     for pf, bnb in [(False, False)] + COMBOS:
         got = run_kernel(inst, pf, bnb)

@@ -13,7 +13,6 @@ from typing import Annotated
 
 import typer
 
-
 _COEF_KEYS = ("alpha_a", "beta_a", "alpha_f", "beta_f", "alpha_c", "beta_c")
 _CAL_KEYS = ("model", "attn_gpu", "ffn_gpu", "attn_tp", "ffn_tp", "ep", "ctx", "profiles", "backend")
 
@@ -21,6 +20,7 @@ _CAL_KEYS = ("model", "attn_gpu", "ffn_gpu", "attn_tp", "ffn_tp", "ep", "ctx", "
 def _pick(args: dict, keys: tuple[str, ...]) -> dict:
     """The subset of a command's arguments one setup step needs (both commands share them)."""
     return {k: args[k] for k in keys}
+
 
 app = typer.Typer(
     add_completion=False,
