@@ -11,14 +11,13 @@ generated from these models by `opweave_planner.contract.plan_schema`.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from opweave_planner import __version__
+from opweave_planner.atomic import write_atomic  # noqa: F401  (re-exported for callers)
 from opweave_planner.data import shipped_dir
 from opweave_planner.report import dumps
 
@@ -326,22 +325,6 @@ def build_plan(ctx, cand, outcome, *, search: SearchStats | None = None) -> Plan
         search=search,
         provenance=prov,
     )
-
-
-def write_atomic(path: str | Path, data: bytes) -> None:
-    """Write via a temporary file in the same folder and rename: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def plan_bytes(plan: BaseModel) -> bytes:

@@ -557,9 +557,9 @@ def plot_gains(mi: ModelInputs, gpus: Sequence[GpuParams], lo: int, hi: int, pat
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
+    from opweave_planner.atomic import save_figure
+
     try:
-        fig.savefig(path, dpi=120)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--plot: cannot write '{path}' ({exc})") from None
+        save_figure(fig, path, dpi=120)
     finally:
         plt.close(fig)

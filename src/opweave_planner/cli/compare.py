@@ -139,8 +139,12 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
     ax.set_title(f"{result['model']} on {'+'.join(result['gpus'])}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    from opweave_planner.atomic import save_figure
+
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def compare_cmd(

@@ -235,9 +235,9 @@ def _finite_or_none(x: float) -> float | None:
 
 def write_json(path: Path, payload: dict) -> None:
     """Write a profile file compactly (one line, no NaN: missing cells become null)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS) + b"\n")
+    from opweave_planner.atomic import write_atomic
+
+    write_atomic(path, orjson.dumps(payload, option=orjson.OPT_SORT_KEYS) + b"\n")
 
 
 def grid_to_lists(grid: np.ndarray, digits: int = 4) -> list:
