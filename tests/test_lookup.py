@@ -73,3 +73,16 @@ def test_memory_shards():
     ds = build_sequence(load_model("deepseek-v3"))
     mla = next(op for op in ds.ops if op.kind == "attn_mla")
     assert kv_shard(mla, 8, 1000) == mla.kv_bytes(1000)  # latent cache replicated across TP
+
+
+def test_kernel_shapes_for_the_profiler_match_the_lookup():
+    from opweave_planner.latency.lookup import kernel_shapes
+
+    seq = build_sequence(load_model("llama-3.1-8b"))
+    gemms, attn = kernel_shapes(seq, 2)
+    assert (6144 // 2, 4096) in gemms  # fused QKV, column parallel
+    assert (4096, 4096 // 2) in gemms  # output projection, row parallel
+    assert (4096, 14336 // 2) in gemms  # FFN down, row parallel
+    assert attn == [(16, 4, 128, 0)]
+    _, gemma_attn = kernel_shapes(build_sequence(load_model("gemma-3-27b")), 1)
+    assert sorted(gemma_attn) == [(32, 16, 128, 0), (32, 16, 128, 1024)]

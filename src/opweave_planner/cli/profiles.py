@@ -49,6 +49,14 @@ def import_cmd(
 def profile_cmd(
     out: Annotated[Path, typer.Option("--out", help="Profiles folder to write into.")],
     gpu: Annotated[str, typer.Option("--gpu", help="Short id for this GPU type, e.g. h20.")],
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="Measure the GEMM and attention shapes this model needs."),
+    ] = None,
+    tp: Annotated[
+        list[int] | None,
+        typer.Option("--tp", help="With --model: tensor-parallel degrees whose shard shapes to measure."),
+    ] = None,
     gemm: Annotated[
         list[str] | None, typer.Option("--gemm", help="GEMM shape N:K per GPU (repeatable).")
     ] = None,
@@ -83,11 +91,23 @@ def profile_cmd(
     """Measure GEMM, decode attention and all-reduce kernels with PyTorch on this machine."""
     from opweave_planner.latency.profiler import ProfilePlan, TorchRunner, parse_shapes, run_profile
 
-    gemm_shapes = parse_shapes(gemm or ["4096:4096"], (2,), "gemm")
+    gemm_shapes = parse_shapes(gemm or ([] if model else ["4096:4096"]), (2,), "gemm")
     attn = tuple(
         s if len(s) == 4 else (*s, 0)
-        for s in parse_shapes(attention or ["32:8:128"], (3, 4), "attention")
+        for s in parse_shapes(attention or ([] if model else ["32:8:128"]), (3, 4), "attention")
     )
+    if model:
+        from opweave_planner.latency.lookup import kernel_shapes
+        from opweave_planner.spec.model import load_model
+        from opweave_planner.structure.operators import build_sequence
+
+        seq = build_sequence(load_model(model))
+        g_set, a_set = dict.fromkeys(gemm_shapes), dict.fromkeys(attn)
+        for degree in tp or [1]:
+            g, a = kernel_shapes(seq, degree)
+            g_set.update(dict.fromkeys(g))
+            a_set.update(dict.fromkeys(a))
+        gemm_shapes, attn = tuple(g_set), tuple(a_set)
     plan = ProfilePlan(
         gemm_shapes=gemm_shapes, attention_shapes=attn, allreduce_gpus=tuple(allreduce_gpus or ())
     )

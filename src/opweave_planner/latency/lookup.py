@@ -118,6 +118,37 @@ class _Kernels:
         return lat, np.full(nbytes.shape, self.fallback, np.int8)
 
 
+def sharded_gemms(op: Operator, tp: int) -> list[tuple[int, int]]:
+    """Per-GPU (n, k) of an operator's GEMMs: row-parallel projections split k, the rest n."""
+    out = []
+    for n, k in op.gemm:
+        if op.kind in _REPLICATED:
+            out.append((n, k))
+        elif op.kind in ("o_proj", "ffn_down", "shared_down"):
+            out.append((n, max(1, k // tp)))
+        else:
+            out.append((max(1, n // tp), k))
+    return out
+
+
+def sharded_attention(op: Operator, tp: int) -> tuple[int, int, int]:
+    """Per-GPU (query heads, KV heads, head dim) of a decode-attention operator."""
+    a = op.attention
+    return max(1, a.n_heads // tp), max(1, a.n_kv_heads // tp), a.head_dim
+
+
+def kernel_shapes(seq: OperatorSequence, tp: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int]]]:
+    """Distinct per-GPU GEMM (n, k) and attention (heads, kv heads, head dim, window) a model needs."""
+    gemms: dict[tuple[int, int], None] = {}
+    attn: dict[tuple[int, int, int, int], None] = {}
+    for op in seq.ops:
+        for nk in sharded_gemms(op, tp):
+            gemms[nk] = None
+        if op.kind in ("attn_full", "attn_sliding"):
+            attn[(*sharded_attention(op, tp), op.attention.window or 0)] = None
+    return list(gemms), list(attn)
+
+
 def _gemm_dtype(op: Operator) -> str:
     return "fp8_block" if op.weight_dtype_bytes < 1.5 and op.weight_dtype_bytes > 0.9 else "bfloat16"
 
@@ -137,19 +168,11 @@ def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parall
     if op.kind == "embed":
         parts.append(kern.elementwise(b, h))
     elif op.gemm:
-        for n, k in op.gemm:
-            if op.kind in _REPLICATED:
-                parts.append(kern.gemm(b, n, k, _gemm_dtype(op)))
-            elif op.kind in ("o_proj", "ffn_down", "shared_down"):
-                parts.append(kern.gemm(b, n, max(1, k // tp), _gemm_dtype(op)))  # row parallel
-            else:
-                parts.append(kern.gemm(b, max(1, n // tp), k, _gemm_dtype(op)))  # column parallel
+        for n, k in sharded_gemms(op, tp):
+            parts.append(kern.gemm(b, n, k, _gemm_dtype(op)))
         parts.append(kern.elementwise(b, h))  # fused norm / activation / residual pass
     elif op.kind in ("attn_full", "attn_sliding"):
-        a = op.attention
-        nh = max(1, a.n_heads // tp)
-        nkv = max(1, a.n_kv_heads // tp)
-        parts.append(kern.attention(b, nh, nkv, a.head_dim, ctx, a.window or 0))
+        parts.append(kern.attention(b, *sharded_attention(op, tp), ctx, op.attention.window or 0))
     elif op.kind == "attn_linear":
         shard = min(tp, op.attention.lin_v_heads)
         parts.append(kern.memory_pass(b, 2.0 * op.state_bytes / shard, op.flops / shard))
