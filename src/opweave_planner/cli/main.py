@@ -129,12 +129,14 @@ def _register_subcommands() -> None:
         ep: bool = typer.Option(False, "--ep", help="Experts split across the TP group"),
         profiles_dir: str = typer.Option(None, "--profiles"),
         backend: str = typer.Option("vllm", "--backend"),
+        catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Per-operator latency across microbatch sizes, with where each number comes from."""
         from opweave_planner import api, report
 
-        info = api.profile_table(model, gpu, tp, context, moe_ep=ep, profiles_dir=profiles_dir, backend=backend)
+        info = api.profile_table(model, gpu, tp, context, moe_ep=ep, profiles_dir=profiles_dir, backend=backend,
+                                 catalog=catalog)
         report.emit_json(info) if as_json else report.render_profile_table(info)
 
     app.add_typer(profiles_cli.app, name="profiles", help="Import, show and measure latency profiles")
