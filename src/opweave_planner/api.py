@@ -207,7 +207,7 @@ def plan(req, jobs: int = 1, progress=None):
     return build_plan(ctx, outcome.best, outcome), None
 
 
-SHOW_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SHOW_MICROBATCHES = (1, 4, 16, 64, 256)
 
 
 def profile_table(model: str, gpu: str, tp: int, ctx: str | int, microbatches=SHOW_MICROBATCHES,

@@ -107,13 +107,13 @@ def render_profile_table(info: dict[str, Any]) -> None:
 
     t = Table(title=f"{info['model']} on {info['gpu']} TP{info['tensor_parallel']} "
                     f"@ {info['context_tokens']} tokens: latency in µs [source]")
-    t.add_column("operator (first of its kind)")
+    t.add_column("operator (first of its kind)", no_wrap=True)
     t.add_column("x", justify="right")
     for mb in info["microbatches"]:
         t.add_column(f"b={mb}", justify="right")
     short = {"measured": "M", "interpolated": "I", "clamped": "C", "fitted": "F", "roofline": "R"}
     for r in info["operators"]:
-        t.add_row(r["operator"], str(r["count"]),
+        t.add_row(r["operator"].removeprefix("layers."), str(r["count"]),
                   *[f"{v:,.1f} {short[s]}" for v, s in zip(r["latency_us"], r["source"], strict=True)])
     t.add_row("decode step (ms)", "", *[f"{v:.3f}" for v in info["decode_step_ms"]])
     con = _console()

@@ -130,13 +130,22 @@ def _register_subcommands() -> None:
         profiles_dir: str = typer.Option(None, "--profiles"),
         backend: str = typer.Option("vllm", "--backend"),
         catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
+        microbatches: str = typer.Option("1,4,16,64,256", "--microbatches", help="Microbatch sizes (comma list)"),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Per-operator latency across microbatch sizes, with where each number comes from."""
         from opweave_planner import api, report
 
-        info = api.profile_table(model, gpu, tp, context, moe_ep=ep, profiles_dir=profiles_dir, backend=backend,
-                                 catalog=catalog)
+        from opweave_planner.errors import UserError
+
+        try:
+            sizes = tuple(int(x) for x in microbatches.split(",") if x.strip())
+        except ValueError:
+            sizes = ()
+        if not sizes or min(sizes) < 1:
+            raise UserError(f"--microbatches: '{microbatches}' must be positive integers, e.g. 1,8,64")
+        info = api.profile_table(model, gpu, tp, context, microbatches=sizes, moe_ep=ep,
+                                 profiles_dir=profiles_dir, backend=backend, catalog=catalog)
         report.emit_json(info) if as_json else report.render_profile_table(info)
 
     app.add_typer(profiles_cli.app, name="profiles", help="Import, show and measure latency profiles")
