@@ -7,12 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-CLI = [sys.executable, "-c", "from opweave_planner.cli.main import run; run()"]
-
-
-def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+from cli_helpers import cli
 
 
 def one_line_error(res: subprocess.CompletedProcess, code: int, needle: str) -> None:

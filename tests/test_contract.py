@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
+from cli_helpers import cli
 
 from opweave_planner import api
 from opweave_planner.contract import (
@@ -28,20 +28,6 @@ GOLDEN = Path(__file__).parent / "golden"
 SMALL = dict(max_owners=2, batches=(8, 16, 32, 64), max_replicas=2, tps=(1, 2))
 # The commands as the lead registers them (`opweave-plan schema|simulate|diff|regen`), with
 # the real entry point's error handling.
-CLI_CODE = """
-from opweave_planner.cli.main import app, run
-from opweave_planner.cli import contract as c
-have = {ci.name for ci in app.registered_commands}
-for n, f in (("schema", c.schema_cmd), ("simulate", c.simulate_cmd), ("diff", c.diff_cmd),
-             ("regen", c.regen_cmd)):
-    if n not in have:
-        app.command(n)(f)
-run()
-"""
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CLI_CODE, *args], capture_output=True, text=True, timeout=300)
 
 
 def one_line_error(res: subprocess.CompletedProcess, needle: str) -> None:

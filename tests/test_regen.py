@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import cli
 
 from opweave_planner.executor import LOST, LocalExecutor, RayExecutor
 from opweave_planner.regen import load_matrix, regen
-
-CLI_CODE = """
-from opweave_planner.cli.main import app, run
-from opweave_planner.cli import contract as c
-have = {ci.name for ci in app.registered_commands}
-for n, f in (("schema", c.schema_cmd), ("simulate", c.simulate_cmd), ("diff", c.diff_cmd),
-             ("regen", c.regen_cmd)):
-    if n not in have:
-        app.command(n)(f)
-run()
-"""
 
 MATRIX = """
 prices = "prices.toml"
@@ -45,11 +34,6 @@ slos = "40ms"
 gpus = "h100,a100"
 policies = ["afd", "opweave"]
 """
-
-
-def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CLI_CODE, *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
 
 
 @pytest.fixture

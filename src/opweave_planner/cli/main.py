@@ -135,7 +135,6 @@ def _register_subcommands() -> None:
     ) -> None:
         """Per-operator latency across microbatch sizes, with where each number comes from."""
         from opweave_planner import api, report
-
         from opweave_planner.errors import UserError
 
         try:
