@@ -40,13 +40,18 @@ def render_compare(result: dict[str, Any], console=None) -> None:
     con = console or Console(highlight=False)
     pols = result["policies"]
     sweep = len(result["networks"]) > 1 or any(v is not None for v in result["networks"][0].values())
-    t = Table(title=f"{result['model']} on {'+'.join(result['gpus'])}: USD per million output tokens")
-    t.add_column("ctx", justify="right")
-    t.add_column("SLO", justify="right")
-    if sweep:
-        t.add_column("network")
-    for p in pols:
-        t.add_column(p, justify="right")
+    def cell_table(title: str) -> Table:
+        """A table with one row per cell: context, SLO, (network), then one column per policy."""
+        tab = Table(title=title)
+        tab.add_column("ctx", justify="right")
+        tab.add_column("SLO", justify="right")
+        if sweep:
+            tab.add_column("network")
+        for p in pols:
+            tab.add_column(p, justify="right")
+        return tab
+
+    t = cell_table(f"{result['model']} on {'+'.join(result['gpus'])}: USD per million output tokens")
     t.add_column("best baseline")
     t.add_column("opweave ×cheaper", justify="right")
     for c in result["cells"]:
@@ -56,13 +61,7 @@ def render_compare(result: dict[str, Any], console=None) -> None:
         t.add_row(*row)
     con.print(t)
 
-    m = Table(title="Plan shape (Figures 10-11): stages | inter-node MiB/token | price-weighted occupancy | per-GPU batch")
-    m.add_column("ctx", justify="right")
-    m.add_column("SLO", justify="right")
-    if sweep:
-        m.add_column("network")
-    for p in pols:
-        m.add_column(p, justify="right")
+    m = cell_table("Plan shape (Figures 10-11): stages | inter-node MiB/token | price-weighted occupancy | per-GPU batch")
     for c in result["cells"]:
         row = [c["context"], f"{c['slo_ms']:g} ms"] + ([_net_label(c["network"])] if sweep else [])
         for p in pols:
