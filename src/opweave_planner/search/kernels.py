@@ -97,7 +97,8 @@ def build_points(o, B, mu, tab, count, wown, kvown, cfg_tp, cfg_price, cfg_mem, 
             out_m[npts] = m
             out_n[npts] = n
             out_bh[npts] = bh
-            out_r[npts] = 1.0 if lat_obj else cfg_price[c] * cfg_tp[c] / (mu * bh)
+            # latency objective: r sums to 1 over the k owners, so cost == T_rtt in every template
+            out_r[npts] = 1.0 / count.shape[0] if lat_obj else cfg_price[c] * cfg_tp[c] / (mu * bh)
             out_rho[npts] = cfg_tp[c] / (mu * bh)
             tot = 0.0
             for i in range(length):
