@@ -21,7 +21,7 @@ from opweave_planner.atomic import write_atomic  # noqa: F401  (re-exported for 
 from opweave_planner.data import shipped_dir
 from opweave_planner.report import dumps
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -71,6 +71,9 @@ class StageOut(_Frozen):
                             "milliseconds; 0 when the next stage has the same owner", ge=0)
     payload_bytes_per_request: float = _f("Activation bytes per request sent to the next stage; 0 when "
                                           "the next stage has the same owner", ge=0)
+    measured_fraction: float | None = _f(
+        "Share of latency_ms taken from measured or interpolated kernel tables (the rest was clamped at a "
+        "table edge or from the fitted roofline); added in schema 1.1", default=None, ge=0, le=1)
 
 
 class TemplateOut(_Frozen):
@@ -252,6 +255,7 @@ def build_plan(ctx, cand, outcome, *, search: SearchStats | None = None) -> Plan
     s, k, mu = splan.n_stages, st.k, cand.mu
     bh = [arrays.mb_grid[o.mb_index] for o in cand.owners]
     t = np.zeros(s)
+    measured = np.zeros(s)
     occ = np.zeros(s)
     lat = np.zeros(s)
     link_bw, link_lat, intra = arrays.link([o.config for o in cand.owners], cand.gpus)
@@ -259,6 +263,7 @@ def build_plan(ctx, cand, outcome, *, search: SearchStats | None = None) -> Plan
         o = st.owner[j]
         own = cand.owners[o]
         t[j] = _range_sum(arrays.pref[own.config, own.mb_index], st.start[j], st.end[j])
+        measured[j] = _range_sum(arrays.mpref[own.config, own.mb_index], st.start[j], st.end[j])
         b = st.owner[(j + 1) % s]
         if b != o:
             occ[j] = st.payload[j] * max(bh[o], bh[b]) / link_bw
@@ -291,6 +296,7 @@ def build_plan(ctx, cand, outcome, *, search: SearchStats | None = None) -> Plan
         index=j, owner=int(st.owner[j]), operators=[seq.ops[i].name for i in splan.ops[j]],
         latency_ms=_round(t[j] / 1e3), transfer_ms=_round((occ[j] + lat[j]) / 1e3),
         payload_bytes_per_request=_round(float(st.payload[j]) if st.owner[(j + 1) % s] != st.owner[j] else 0.0),
+        measured_fraction=_round(min(1.0, measured[j] / t[j]) if t[j] > 0 else 1.0, 4),
     ) for j in range(s)]
     inter = 0.0 if intra else sum(st.payload[j] for j in range(s) if st.owner[(j + 1) % s] != st.owner[j])
     cut_ops = [seq.ops[splan.ops[0][0]].name] if s == 1 else []
@@ -328,5 +334,9 @@ def build_plan(ctx, cand, outcome, *, search: SearchStats | None = None) -> Plan
 
 
 def plan_bytes(plan: BaseModel) -> bytes:
-    """Canonical bytes of a plan (sorted keys, fixed rounding): equal inputs give equal files."""
-    return dumps(plan.model_dump(mode="json"))
+    """Canonical bytes of a plan (sorted keys, fixed rounding): equal inputs give equal files.
+
+    Optional keys added by a later MINOR version are omitted when absent, so a file written by
+    an older 1.x reads back to the same bytes.
+    """
+    return dumps(plan.model_dump(mode="json", exclude_none=True))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from opweave_planner.latency.interp import INTERPOLATED
 from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
 from opweave_planner.spec.hardware import GIB, GpuType, Hardware
 from opweave_planner.structure.operators import OperatorSequence
@@ -26,6 +27,7 @@ class SearchArrays:
     configs: list[Config]
     mb_grid: tuple[int, ...]
     pref: np.ndarray  # [C, M, N+1] latency prefix sums, µs
+    mpref: np.ndarray  # [C, M, N+1] prefix sums of the latency that comes from measured/interpolated tables
     wpref: np.ndarray  # [C, N+1] per-GPU weight bytes prefix sums
     kvpref: np.ndarray  # [C, N+1] per-GPU KV/state bytes per request prefix sums
     moe_pref: np.ndarray  # [N+1] count of routed-expert operators
@@ -67,6 +69,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, gpus: tuple[str, ...], tps
     n = seq.n
     c_n, m_n = len(configs), len(mb_grid)
     pref = np.zeros((c_n, m_n, n + 1))
+    mpref = np.zeros((c_n, m_n, n + 1))
     wpref = np.zeros((c_n, n + 1))
     kvpref = np.zeros((c_n, n + 1))
     max_out = max(op.out_bytes for op in seq.ops)
@@ -76,6 +79,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, gpus: tuple[str, ...], tps
         tp = cfg.parallel.tp
         lat = op_latencies(seq, cfg.gpu, cfg.parallel, context, mb_grid, profiles_dir, backend)
         pref[c, :, 1:] = np.cumsum(lat.lat_us.T, axis=1)
+        mpref[c, :, 1:] = np.cumsum((lat.lat_us * (lat.source <= INTERPOLATED)).T, axis=1)
         wpref[c, 1:] = np.cumsum([weight_shard(op, tp) for op in seq.ops])
         kvpref[c, 1:] = np.cumsum([kv_shard(op, tp, context) for op in seq.ops])
         cfg_mem[c] = cfg.gpu.memory_bytes - (reserve + NCCL_RESERVE_GB.get(tp, 0.383)) * GIB
@@ -87,7 +91,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, gpus: tuple[str, ...], tps
     for i, b in enumerate(mb_grid):
         mb_index[b] = i
     return SearchArrays(
-        configs=configs, mb_grid=mb_grid, pref=pref, wpref=wpref, kvpref=kvpref, moe_pref=moe_pref,
+        configs=configs, mb_grid=mb_grid, pref=pref, mpref=mpref, wpref=wpref, kvpref=kvpref, moe_pref=moe_pref,
         cfg_tp=np.array([c.parallel.tp for c in configs], np.int64),
         cfg_price=np.array([c.gpu.price_per_hour for c in configs]),
         cfg_mem=cfg_mem, cfg_ws=cfg_ws,
