@@ -18,6 +18,7 @@ import pytest
 from opweave_planner import api
 from opweave_planner.plan import plan_bytes
 from opweave_planner.schedule.reference import simulate_rtt
+from opweave_planner.spec.hardware import load_hardware
 
 SPACE = dict(max_owners=2, batches=(1, 2, 4, 8, 16, 32, 64), max_replicas=2, tps=(1, 2))
 MODELS = ("llama-3.1-8b", "qwen3-30b-a3b")
@@ -113,7 +114,9 @@ def _check_plan(plan, slo_ms, max_gpus=32):
     assert math.isclose(t_rtt / 1e3, plan.tpot_ms, rel_tol=1e-6), (t_rtt, plan.tpot_ms)
     assert plan.tpot_ms <= slo_ms * (1 + 1e-9)
     assert plan.gpus_total == sum(o.tensor_parallel * o.replicas for o in plan.owners) <= max_gpus
+    hw = load_hardware()
     for o in plan.owners:
+        assert 0 < o.memory_bytes_per_gpu <= hw.resolve(o.gpu).memory_bytes  # fits memory
         assert o.resident_batch == plan.microbatches * o.microbatch
         assert o.replicas * o.resident_batch == plan.global_batch
     rate = sum(o.usd_per_hour_per_replica / o.resident_batch for o in plan.owners)
