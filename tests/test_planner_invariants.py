@@ -116,7 +116,8 @@ def _check_plan(plan, slo_ms, max_gpus=32):
     assert plan.gpus_total == sum(o.tensor_parallel * o.replicas for o in plan.owners) <= max_gpus
     hw = load_hardware()
     for o in plan.owners:
-        assert 0 < o.memory_bytes_per_gpu <= hw.resolve(o.gpu).memory_bytes  # fits memory
+        # fits memory, with the default 3.5 GiB framework reserve left free
+        assert 0 < o.memory_bytes_per_gpu + 3.5 * 2**30 <= hw.resolve(o.gpu).memory_bytes
         assert o.resident_batch == plan.microbatches * o.microbatch
         assert o.replicas * o.resident_batch == plan.global_batch
     rate = sum(o.usd_per_hour_per_replica / o.resident_batch for o in plan.owners)
