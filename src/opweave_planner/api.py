@@ -120,13 +120,10 @@ def parse_tokens(text: str, field: str = "--ctx") -> int:
 
 def default_gpus(hw: Hardware, profiles_dir: str | None = None) -> tuple[str, ...]:
     """Every catalog GPU type that has shipped (or given) profiles."""
-    from pathlib import Path
-
-    from opweave_planner.data import shipped_dir
+    from opweave_planner.data import profiles_root
     from opweave_planner.latency.tables import available_gpus
 
-    root = Path(profiles_dir) if profiles_dir else shipped_dir("profiles")
-    have = set(available_gpus(root))
+    have = set(available_gpus(profiles_root(profiles_dir)))
     return tuple(g for g in hw.ids() if g in have)
 
 

@@ -18,3 +18,8 @@ def shipped_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"shipped data folder '{name}' not found next to {pkg}")
+
+
+def profiles_root(profiles_dir: str | Path | None) -> Path:
+    """The profile folder in effect: the user's --profiles, else the shipped one."""
+    return Path(profiles_dir) if profiles_dir else shipped_dir("profiles")

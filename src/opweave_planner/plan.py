@@ -11,14 +11,13 @@ generated from these models by `opweave_planner.contract.plan_schema`.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from opweave_planner import __version__
 from opweave_planner.atomic import write_atomic  # noqa: F401  (re-exported for callers)
-from opweave_planner.data import shipped_dir
+from opweave_planner.data import profiles_root
 from opweave_planner.report import dumps
 
 SCHEMA_VERSION = "1.1"
@@ -182,7 +181,7 @@ def _sha(obj) -> str:
 
 
 def profiles_hash(profiles_dir: str | None, gpus: list[str], backend: str) -> str:
-    root = Path(profiles_dir) if profiles_dir else shipped_dir("profiles")
+    root = profiles_root(profiles_dir)
     h = hashlib.sha256()
     for gid in sorted(set(gpus)):
         folder = root / gid
@@ -299,14 +298,10 @@ def build_plan(ctx, cand, outcome, *, search: SearchStats | None = None) -> Plan
         measured_fraction=_round(min(1.0, measured[j] / t[j]) if t[j] > 0 else 1.0, 4),
     ) for j in range(s)]
     inter = 0.0 if intra else sum(st.payload[j] for j in range(s) if st.owner[(j + 1) % s] != st.owner[j])
-    cut_ops = [seq.ops[splan.ops[0][0]].name] if s == 1 else []
-    if s > 1:
-        from opweave_planner.structure.blocks import detect_blocks
-        from opweave_planner.structure.operators import SLOTS
-        from opweave_planner.structure.templates import subblock_keys
+    from opweave_planner.structure.operators import SLOTS
 
-        keys = subblock_keys(seq, detect_blocks(seq), cand.template.lsub)
-        cut_ops = [f"layer+{keys[c][0]}.{SLOTS[keys[c][1]]}" for c in cand.template.cuts]
+    cut_ops = ([seq.ops[splan.ops[0][0]].name] if s == 1
+               else [f"layer+{offset}.{SLOTS[slot]}" for offset, slot in splan.cut_keys])
     if search is None:
         search = SearchStats(templates=outcome.templates, exhaustive=not (req.use_pareto or req.use_bnb),
                              space=space_record(req), **outcome.counters)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from opweave_planner.data import shipped_dir
+from opweave_planner.data import profiles_root
 from opweave_planner.errors import UserError
 from opweave_planner.latency import interp
 from opweave_planner.latency import roofline as rf
@@ -35,10 +35,6 @@ class Parallel:
     tp: int
     moe_ep: bool = False  # experts split across the TP group instead of sharding each expert
 
-    @property
-    def label(self) -> str:
-        return f"tp{self.tp}" + ("-ep" if self.moe_ep else "")
-
 
 @dataclass(frozen=True)
 class OpLatencies:
@@ -50,10 +46,6 @@ class OpLatencies:
     mb_grid: tuple[int, ...]
     lat_us: np.ndarray
     source: np.ndarray
-
-
-def _profiles_root(profiles_dir: str | None) -> Path:
-    return Path(profiles_dir) if profiles_dir else shipped_dir("profiles")
 
 
 @lru_cache(maxsize=16)
@@ -205,7 +197,7 @@ def op_latencies(seq: OperatorSequence, gpu: GpuType, par: Parallel, context: in
                  mb_grid: tuple[int, ...], profiles_dir: str | None = None,
                  backend: str = "vllm") -> OpLatencies:
     """Latency of every operator of `seq` for each microbatch size in `mb_grid`."""
-    kern = _Kernels(gpu, _profiles_root(profiles_dir).resolve(), backend)
+    kern = _Kernels(gpu, profiles_root(profiles_dir).resolve(), backend)
     b = np.asarray(mb_grid, dtype=np.float64)
     lat = np.empty((seq.n, b.size))
     src = np.empty((seq.n, b.size), np.int8)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Global resident batch sizes: powers of two and three times powers of two.
 DEFAULT_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 DEFAULT_TPS = (1, 2, 4, 8)
-POLICIES = ("opweave", "colocated", "afd", "cad")
 
 
 @dataclass(frozen=True)
@@ -51,4 +50,3 @@ class SearchRequest:
     reserve_gb: float | None = None
     use_pareto: bool = True
     use_bnb: bool = True
-    extra: dict = field(default_factory=dict, compare=False, hash=False)

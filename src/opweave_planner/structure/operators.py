@@ -25,7 +25,6 @@ SLOT = {s: i for i, s in enumerate(SLOTS)}
 EMBED_LAYER = -1
 
 ATTENTION_CORE_KINDS = ("attn_full", "attn_sliding", "attn_linear", "attn_mla")
-ATTENTION_MODULE_SLOTS = ("attn_in", "attn_in2", "attn_core", "attn_out")
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,6 @@ class OperatorSequence:
     ops: tuple[Operator, ...]
     # payload[i]: bytes per request crossing a cut placed before ops[i] (payload[0]: the token hand-back)
     payload: tuple[float, ...] = field(repr=False)
-    layer_start: tuple[int, ...] = field(repr=False)  # index of each layer's first op
 
     @property
     def n(self) -> int:
@@ -272,6 +270,4 @@ def build_sequence(model: ModelSpec) -> OperatorSequence:
         running += diff[p]
         payload.append(running)
     payload[0] = lm_head.out_bytes  # the cut before embed is the token hand-back
-    layer_start = tuple(p for p, op in enumerate(ops) if op.layer >= 0 and (
-        p == 0 or ops[p - 1].layer != op.layer))
-    return OperatorSequence(model=model, ops=ops, payload=tuple(payload), layer_start=layer_start)
+    return OperatorSequence(model=model, ops=ops, payload=tuple(payload))
