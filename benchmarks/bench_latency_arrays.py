@@ -11,8 +11,8 @@ import time
 
 from opweave_planner.latency import lookup
 from opweave_planner.search.space import SearchSpace
-from opweave_planner.spec.hardware import load_hardware
-from opweave_planner.spec.model import load_model
+from opweave_planner.inputs.hardware import load_hardware
+from opweave_planner.inputs.model import load_model
 from opweave_planner.structure.operators import build_sequence
 
 

@@ -83,7 +83,7 @@ def test_fit_line_reproduces_synthetic_linear_data_exactly():
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b"])
 def test_profile_calibration_gives_positive_coefficients_and_small_error(model):
     from opweave_planner.afd.calibrate import calibrate_from_profiles
-    from opweave_planner.spec.hardware import load_hardware
+    from opweave_planner.inputs.hardware import load_hardware
 
     cal = calibrate_from_profiles(model, "h100", "h100", context=32768, batch=256)
     coef = cal.coefficients

@@ -1,4 +1,4 @@
-"""Imports flow one way: cli -> orchestration -> api -> search/plan/theory/afd -> latency -> structure -> spec."""
+"""Imports flow one way: cli -> orchestration -> api -> search/plan/theory/afd -> latency -> structure -> inputs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "opweave_planner"
 
 # rank of each top-level unit; a module may import units of its own rank or lower only
 RANK = {
-    "errors": 0, "data": 0, "atomic": 0, "spec": 0,
+    "errors": 0, "data": 0, "atomic": 0, "inputs": 0,
     "structure": 1,
     "schedule": 2, "latency": 2, "policies": 2,
     "search": 3,

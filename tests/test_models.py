@@ -7,7 +7,7 @@ import json
 import pytest
 
 from opweave_planner.errors import UserError
-from opweave_planner.spec.model import bundled_models, load_model, parse_hf_config
+from opweave_planner.inputs.model import bundled_models, load_model, parse_hf_config
 from opweave_planner.structure.operators import build_sequence
 
 # Published sizes (model cards); tolerance 1%.

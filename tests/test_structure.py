@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opweave_planner.spec.model import load_model
+from opweave_planner.inputs.model import load_model
 from opweave_planner.structure.blocks import detect_blocks
 from opweave_planner.structure.operators import SLOT, build_sequence
 from opweave_planner.structure.templates import (

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from opweave_planner import theory as T
 from opweave_planner.cli.theory import theory_cmd
 from opweave_planner.errors import UserError
-from opweave_planner.spec.hardware import load_hardware
-from opweave_planner.spec.model import load_model
+from opweave_planner.inputs.hardware import load_hardware
+from opweave_planner.inputs.model import load_model
 
 GIB = float(1 << 30)
 PROPS = settings(max_examples=150, deadline=None)

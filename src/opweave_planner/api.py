@@ -10,8 +10,8 @@ from itertools import groupby
 from typing import Any
 
 from opweave_planner.errors import UserError
-from opweave_planner.spec.hardware import Hardware, load_hardware
-from opweave_planner.spec.model import ModelSpec, load_model
+from opweave_planner.inputs.hardware import Hardware, load_hardware
+from opweave_planner.inputs.model import ModelSpec, load_model
 from opweave_planner.structure.blocks import detect_blocks
 from opweave_planner.structure.operators import OperatorSequence, build_sequence
 from opweave_planner.structure.templates import count_templates

@@ -251,7 +251,7 @@ _PROVENANCE_INPUTS = (("model_sha256", "model"), ("catalog_sha256", "catalog"), 
 
 def _hardware(plan: Plan, catalog: str | None, prices: str | None, network: dict[str, float | None]):
     """Catalog in effect: the plan's recorded prices and network, then the overrides given."""
-    from opweave_planner.spec.hardware import Network, load_hardware, parse_prices, read_table_file
+    from opweave_planner.inputs.hardware import Network, load_hardware, parse_prices, read_table_file
 
     hw = load_hardware(catalog, prices)
     named: set[str] = set()
@@ -286,7 +286,7 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", prices: str | None = None,
     from opweave_planner.search.arrays import build_arrays, stage_arrays
     from opweave_planner.search.driver import Candidate, Context, Owner
     from opweave_planner.search.space import SearchRequest, SearchSpace
-    from opweave_planner.spec.model import load_model
+    from opweave_planner.inputs.model import load_model
     from opweave_planner.structure.operators import build_sequence
     from opweave_planner.structure.templates import expand
 

@@ -142,7 +142,7 @@ def _number(obj: dict, key: str, where: str) -> float | None:
 def load_matrix(path: str | Path) -> list[RegenTask]:
     """Expand a matrix file into validated tasks (every entry checked before anything runs)."""
     from opweave_planner import api
-    from opweave_planner.spec.model import load_model
+    from opweave_planner.inputs.model import load_model
 
     p = Path(path)
     where = str(path)

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from opweave_planner.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from opweave_planner.spec.hardware import GpuType
-    from opweave_planner.spec.model import ModelSpec
+    from opweave_planner.inputs.hardware import GpuType
+    from opweave_planner.inputs.model import ModelSpec
 
 ATTENTION_CORE_KINDS = ("attn_full", "attn_sliding", "attn_linear", "attn_mla")
 _REL_TOL = 1e-12
@@ -311,8 +311,8 @@ def build_inputs(model: str | ModelSpec, gpus: Sequence[str] | str, tp: int = 1,
                  catalog: str | None = None, prices: str | None = None
                  ) -> tuple[ModelInputs, list[GpuParams]]:
     """Resolve a model name/path and GPU ids into the cost model's inputs."""
-    from opweave_planner.spec.hardware import load_hardware
-    from opweave_planner.spec.model import load_model
+    from opweave_planner.inputs.hardware import load_hardware
+    from opweave_planner.inputs.model import load_model
 
     spec = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(catalog, prices)

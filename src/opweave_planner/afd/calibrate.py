@@ -173,8 +173,8 @@ def calibrate_from_profiles(
       ``L * (latency + n * hidden * act_bytes / inter-node bandwidth)``.
     """
     from opweave_planner.latency.lookup import SOURCE_NAMES, Parallel, op_latencies
-    from opweave_planner.spec.hardware import load_hardware
-    from opweave_planner.spec.model import load_model
+    from opweave_planner.inputs.hardware import load_hardware
+    from opweave_planner.inputs.model import load_model
     from opweave_planner.structure.operators import build_sequence
 
     for name, value in (

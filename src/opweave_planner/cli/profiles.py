@@ -98,7 +98,7 @@ def profile_cmd(
     )
     if model:
         from opweave_planner.latency.lookup import kernel_shapes
-        from opweave_planner.spec.model import load_model
+        from opweave_planner.inputs.model import load_model
         from opweave_planner.structure.operators import build_sequence
 
         seq = build_sequence(load_model(model))

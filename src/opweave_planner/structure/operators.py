@@ -13,7 +13,7 @@ from functools import cache
 
 import networkx as nx
 
-from opweave_planner.spec.model import AttentionSpec, LayerSpec, MlpSpec, ModelSpec
+from opweave_planner.inputs.model import AttentionSpec, LayerSpec, MlpSpec, ModelSpec
 
 # Universal slot order inside one layer. A template cut names a slot; a layer
 # lacking that slot takes the cut before its next present operator.
