@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from opweave_planner.latency import lookup
-from opweave_planner.search.space import SearchSpace
 from opweave_planner.inputs.hardware import load_hardware
 from opweave_planner.inputs.model import load_model
+from opweave_planner.latency import lookup
+from opweave_planner.search.space import SearchSpace
 from opweave_planner.structure.operators import build_sequence
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from opweave_planner import api
-from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
 from opweave_planner.inputs.hardware import load_hardware
 from opweave_planner.inputs.model import bundled_models, load_model
+from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
 from opweave_planner.structure.operators import build_sequence
 
 SHIPPED = ("h100", "h200", "a100", "l40s")

@@ -16,9 +16,9 @@ import math
 import pytest
 
 from opweave_planner import api
+from opweave_planner.inputs.hardware import load_hardware
 from opweave_planner.plan import plan_bytes
 from opweave_planner.schedule.reference import simulate_rtt
-from opweave_planner.inputs.hardware import load_hardware
 
 SPACE = dict(max_owners=2, batches=(1, 2, 4, 8, 16, 32, 64), max_replicas=2, tps=(1, 2))
 MODELS = ("llama-3.1-8b", "qwen3-30b-a3b")

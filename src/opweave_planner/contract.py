@@ -251,7 +251,12 @@ _PROVENANCE_INPUTS = (("model_sha256", "model"), ("catalog_sha256", "catalog"), 
 
 def _hardware(plan: Plan, catalog: str | None, prices: str | None, network: dict[str, float | None]):
     """Catalog in effect: the plan's recorded prices and network, then the overrides given."""
-    from opweave_planner.inputs.hardware import Network, load_hardware, parse_prices, read_table_file
+    from opweave_planner.inputs.hardware import (
+        Network,
+        load_hardware,
+        parse_prices,
+        read_table_file,
+    )
 
     hw = load_hardware(catalog, prices)
     named: set[str] = set()
@@ -282,11 +287,11 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", prices: str | None = None,
     Defaults are the plan's own recorded prices and network, the shipped catalog and profiles,
     so an unchanged plan under unchanged inputs reproduces its figures exactly.
     """
+    from opweave_planner.inputs.model import load_model
     from opweave_planner.plan import build_plan, owner_memory
     from opweave_planner.search.arrays import build_arrays, stage_arrays
     from opweave_planner.search.driver import Candidate, Context, Owner
     from opweave_planner.search.space import SearchRequest, SearchSpace
-    from opweave_planner.inputs.model import load_model
     from opweave_planner.structure.operators import build_sequence
     from opweave_planner.structure.templates import expand
 

@@ -172,9 +172,9 @@ def calibrate_from_profiles(
     * communication: one A->F (or F->A) hand-off per layer of ``n`` hidden states,
       ``L * (latency + n * hidden * act_bytes / inter-node bandwidth)``.
     """
-    from opweave_planner.latency.lookup import SOURCE_NAMES, Parallel, op_latencies
     from opweave_planner.inputs.hardware import load_hardware
     from opweave_planner.inputs.model import load_model
+    from opweave_planner.latency.lookup import SOURCE_NAMES, Parallel, op_latencies
     from opweave_planner.structure.operators import build_sequence
 
     for name, value in (

@@ -97,8 +97,8 @@ def profile_cmd(
         for s in parse_shapes(attention or ([] if model else ["32:8:128"]), (3, 4), "attention")
     )
     if model:
-        from opweave_planner.latency.lookup import kernel_shapes
         from opweave_planner.inputs.model import load_model
+        from opweave_planner.latency.lookup import kernel_shapes
         from opweave_planner.structure.operators import build_sequence
 
         seq = build_sequence(load_model(model))

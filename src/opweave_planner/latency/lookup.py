@@ -18,10 +18,10 @@ import numpy as np
 
 from opweave_planner.data import profiles_root
 from opweave_planner.errors import UserError
+from opweave_planner.inputs.hardware import GpuType
 from opweave_planner.latency import interp
 from opweave_planner.latency import roofline as rf
 from opweave_planner.latency.tables import available_gpus, load_profile_set
-from opweave_planner.inputs.hardware import GpuType
 from opweave_planner.structure.operators import Operator, OperatorSequence
 
 SOURCE_NAMES = interp.SOURCE_NAMES

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from opweave_planner.inputs.hardware import GIB, GpuType, Hardware
 from opweave_planner.latency.interp import INTERPOLATED
 from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
-from opweave_planner.inputs.hardware import GIB, GpuType, Hardware
 from opweave_planner.structure.operators import OperatorSequence
 from opweave_planner.structure.templates import StagePlan, boundary_payload
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from opweave_planner.inputs.hardware import Hardware, load_hardware
+from opweave_planner.inputs.model import load_model
 from opweave_planner.policies import templates_for
 from opweave_planner.search.arrays import SearchArrays, build_arrays, owner_ok, stage_arrays
 from opweave_planner.search.space import SearchRequest
-from opweave_planner.inputs.hardware import Hardware, load_hardware
-from opweave_planner.inputs.model import load_model
 from opweave_planner.structure.operators import OperatorSequence, build_sequence
 from opweave_planner.structure.templates import Template, expand
 
