@@ -82,9 +82,9 @@ def test_regen_cli_exit_codes_and_stale_files(matrix, tmp_path):
 @pytest.mark.parametrize("edit, needle", [
     (lambda s: s.replace('"llama-3.1-8b"', '"llama-9"'), "unknown model 'llama-9'"),
     (lambda s: s.replace('slos = ["30ms"]', 'slos = ["30"]'), "has no unit"),
-    (lambda s: s.replace("max_owners = 2", "max_owners = 0"), "space.max_owners must be a positive integer"),
+    (lambda s: s.replace("max_owners = 2", "max_owners = 0"), "--max-owners: input should be greater than or equal to 1"),
     (lambda s: s.replace('policies = ["colocated", "afd"]', 'policies = ["colocated", "colocated"]'), "duplicates"),
-    (lambda s: s + "\nbogus = 1\n", "unknown key(s) bogus"),
+    (lambda s: s + "\nbogus = 1\n", "unknown key 'bogus'"),
     (lambda s: s.replace('prices = "prices.toml"', 'prices = "missing.toml"'), "does not exist"),
     (lambda s: "[[entry", "is not valid TOML"),
 ])
@@ -101,12 +101,12 @@ def test_matrix_names_and_paths(matrix):
     tasks = load_matrix(matrix)
     assert [t.name for t in tasks][:2] == ["llama-3.1-8b_ctx8k_slo30ms_h100_colocated.json",
                                            "llama-3.1-8b_ctx8k_slo30ms_h100_afd.json"]
-    assert all(t.prices == str((matrix.parent / "prices.toml").resolve()) for t in tasks)
+    assert all(t.request.prices == str((matrix.parent / "prices.toml").resolve()) for t in tasks)
 
 
 def test_bundled_example_matrix_loads():
     tasks = load_matrix(Path(__file__).parents[1] / "examples" / "matrix.toml")
-    assert len(tasks) > 50 and len({t.model for t in tasks}) == 10
+    assert len(tasks) > 50 and len({t.request.model for t in tasks}) == 10
 
 
 # ----------------------------------------------------------------------------- executor

@@ -5,19 +5,13 @@ from __future__ import annotations
 import sys
 import time
 
-import typer
 
-
-def run_plan(*, model, slo, context, gpus, policy, out, fmt, prices, catalog, profiles_dir, backend,
-             network_bandwidth, network_latency, max_gpus, pareto, bnb, jobs, quiet,
-             reserve_gb=None) -> None:
+def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     from opweave_planner import api, report
+    from opweave_planner.errors import InfeasibleError
     from opweave_planner.plan import plan_bytes, write_atomic
 
-    req = api.make_request(model, slo, context, gpus=gpus, policy=policy, catalog=catalog, prices=prices,
-                           profiles_dir=profiles_dir, backend=backend, pareto=pareto, bnb=bnb,
-                           network_gbps=network_bandwidth, network_latency_us=network_latency,
-                           max_gpus=max_gpus, reserve_gb=reserve_gb)
+    req = api.make_request(**settings)
     show = not quiet and sys.stderr.isatty()
     start = time.perf_counter()
     if show:
@@ -41,5 +35,4 @@ def run_plan(*, model, slo, context, gpus, policy, out, fmt, prices, catalog, pr
             report.render_plan_summary(result)
         print(f"search took {elapsed:.2f} s", file=sys.stderr)
     if infeasible is not None:
-        print(f"infeasible: {infeasible.reason}", file=sys.stderr)
-        raise typer.Exit(3)
+        raise InfeasibleError(f"infeasible: {infeasible.reason}")

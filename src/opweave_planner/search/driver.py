@@ -12,35 +12,27 @@ import math
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from opweave_planner.inputs.hardware import Hardware, load_hardware
 from opweave_planner.inputs.model import load_model
+from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.policies import templates_for
-from opweave_planner.search.arrays import SearchArrays, build_arrays, owner_ok, stage_arrays
-from opweave_planner.search.space import SearchRequest
+from opweave_planner.search.arrays import SearchArrays, build_arrays, make_problem, stage_arrays
+from opweave_planner.search.problem import Counters, Problem, Selection
 from opweave_planner.structure.operators import OperatorSequence, build_sequence
-from opweave_planner.structure.templates import Template, expand
-
-
-@dataclass(frozen=True)
-class Owner:
-    config: int
-    replicas: int
-    mb_index: int
+from opweave_planner.structure.templates import StagePlan, Template, expand
 
 
 @dataclass
 class Candidate:
+    """The best plan of one template: where it is, what it costs, and its Selection."""
+
     template_index: int
     template: Template
-    cost: float  # r-units x µs
+    cost: float  # cost rate x µs
     t_rtt_us: float
     gpus: int
     n_stages: int
-    batch: int
-    mu: int
-    owners: tuple[Owner, ...]
+    selection: Selection
 
     def order_key(self) -> tuple:
         return (self.cost, self.gpus, self.n_stages, self.template_index)
@@ -49,7 +41,7 @@ class Candidate:
 @dataclass
 class SearchOutcome:
     best: Candidate | None
-    counters: dict[str, int] = field(default_factory=dict)
+    counters: Counters = field(default_factory=Counters)
     templates: int = 0
 
 
@@ -57,50 +49,55 @@ class SearchOutcome:
 class Context:
     """Everything a worker needs, rebuilt from the request in each process."""
 
-    request: SearchRequest
+    request: PlanRequest
     hw: Hardware
     seq: OperatorSequence
     arrays: SearchArrays
     templates: list[Template]
 
+    def problem(self, template: Template, *, slo_us: float | None = None, latency_objective: bool = False,
+                batches: tuple[int, ...] | None = None) -> tuple[StagePlan, Problem]:
+        """The template's expansion and its Problem under this request."""
+        splan = expand(self.seq, template)
+        req = self.request
+        prob = make_problem(self.arrays, stage_arrays(self.seq, splan), req,
+                            batches=req.batches if batches is None else batches,
+                            slo_us=req.slo_ms * 1e3 if slo_us is None else slo_us,
+                            latency_objective=latency_objective)
+        return splan, prob
 
-def make_context(req: SearchRequest) -> Context:
-    hw = load_hardware(req.catalog, req.prices).with_network(
-        inter_node_gbps=req.network_gbps, inter_node_latency_us=req.network_latency_us)
-    seq = build_sequence(load_model(req.model))
-    space = req.space
-    arrays = build_arrays(seq, hw, space.gpus, space.tps, space.moe_expert_parallel, req.context,
-                          space.microbatch_grid(), req.profiles_dir, req.backend, req.reserve_gb)
-    return Context(req, hw, seq, arrays, templates_for(seq, space.policy, space.max_owners))
+
+def hardware_for(req: PlanRequest) -> Hardware:
+    return load_hardware(req.catalog, req.prices).with_network(
+        inter_node_gbps=req.network_bandwidth, inter_node_latency_us=req.network_latency)
+
+
+def make_context(req: PlanRequest, hw: Hardware | None = None, seq: OperatorSequence | None = None) -> Context:
+    hw = hw or hardware_for(req)
+    seq = seq or build_sequence(load_model(req.model))
+    arrays = build_arrays(seq, hw, req)
+    return Context(req, hw, seq, arrays, templates_for(seq, req.policy, req.max_owners))
 
 
 def _search_one(ctx: Context, index: int, seed_cost: float, slo_us: float, latency_objective: bool):
-    from opweave_planner.search.kernels import search_template
+    from opweave_planner.search.walk import search_template
 
     tmpl = ctx.templates[index]
-    plan = expand(ctx.seq, tmpl)
-    st = stage_arrays(ctx.seq, plan)
-    a = ctx.arrays
-    sp = ctx.request.space
-    found, best_f, best_i, counters = search_template(
-        st.owner, st.start, st.end, st.payload, st.k, a.pref, a.wpref, a.kvpref,
-        a.cfg_tp, a.cfg_price, a.cfg_mem, a.cfg_ws, owner_ok(a, st), a.cfg_gpu, a.cfg_node,
-        a.cfg_intra_bw, a.mb_index, np.array(sp.batches, np.int64), sp.max_microbatches,
-        sp.max_replicas, float(sp.max_gpus), a.bw, a.lat, a.intra_lat, slo_us, seed_cost, ctx.request.use_pareto, ctx.request.use_bnb, latency_objective,
-    )
+    splan, prob = ctx.problem(tmpl, slo_us=slo_us, latency_objective=latency_objective)
+    req = ctx.request
+    if req.max_stages is not None and splan.n_stages > req.max_stages:
+        return None, Counters()
+    res = search_template(prob, seed_cost, req.pareto, req.bnb)
     cand = None
-    if found:
-        owners = tuple(Owner(int(best_i[2 + 3 * o]), int(best_i[3 + 3 * o]), int(best_i[4 + 3 * o]))
-                       for o in range(st.k))
-        cand = Candidate(index, tmpl, float(best_f[0]), float(best_f[1]), round(best_f[2]),
-                         plan.n_stages, int(best_i[0]), int(best_i[1]), owners)
-    return cand, counters
+    if res.found:
+        cand = Candidate(index, tmpl, res.cost, res.t_rtt, round(res.gpus), splan.n_stages, res.selection)
+    return cand, res.counters
 
 
 _WORKER: dict = {}
 
 
-def _worker_run(req: SearchRequest, indices: list[int], seed: float, slo_us: float, lat_obj: bool):
+def _worker_run(req: PlanRequest, indices: list[int], seed: float, slo_us: float, lat_obj: bool):
     ctx = _WORKER.get(req)
     if ctx is None:
         ctx = _WORKER[req] = make_context(req)
@@ -119,10 +116,8 @@ def run_search(ctx: Context, jobs: int = 1, progress=None, slo_ms: float | None 
                latency_objective: bool = False) -> SearchOutcome:
     """Search every template of the context's policy; deterministic for any `jobs`."""
     slo_us = (ctx.request.slo_ms if slo_ms is None else slo_ms) * 1e3
-    totals = np.zeros(4, np.int64)
     # phase 1: the colocated (or first) template seeds the incumbent
-    best, counters = _search_one(ctx, 0, math.inf, slo_us, latency_objective)
-    totals += counters
+    best, totals = _search_one(ctx, 0, math.inf, slo_us, latency_objective)
     seed = best.cost if best else math.inf
     rest = list(range(1, len(ctx.templates)))
     if progress:
@@ -147,6 +142,4 @@ def run_search(ctx: Context, jobs: int = 1, progress=None, slo_ms: float | None 
                     done += 1
                 if progress:
                     progress(done, len(ctx.templates))
-    names = ("candidates", "simulations", "pruned_by_bound", "pruned_by_frontier")
-    return SearchOutcome(best, {n: int(v) for n, v in zip(names, totals, strict=True)},
-                         len(ctx.templates))
+    return SearchOutcome(best, totals, len(ctx.templates))
