@@ -172,6 +172,10 @@ def invoke(app: Any, argv: Sequence[str] | None = None, prog_name: str | None = 
             sys.stdout.flush()
         except SystemExit as exc:
             rc = exc.code
+            if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+                # click's answer to EPIPE on stdout is sys.exit(1), which would read as "changed"
+                _silence_stdout()
+                return EXIT_BROKEN_PIPE
         code = _exit_code(rc)
         if code == EXIT_INTERRUPTED:  # typer >= 0.2x turns KeyboardInterrupt into Exit(130)
             _print("interrupted")
