@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-import typer
+from test_theory import _app as _theory_app  # the same one-command typer app
 from typer.testing import CliRunner
 
 from opweave_planner import report
@@ -127,19 +127,6 @@ def test_import_stays_light():
 # --------------------------------------------------------------------------- #
 # theory: a default TP that fits
 # --------------------------------------------------------------------------- #
-
-def _theory_app() -> typer.Typer:
-    from opweave_planner.cli.theory import theory_cmd
-
-    app = typer.Typer(add_completion=False)
-    app.command("theory")(theory_cmd)
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    return app
-
 
 def test_theory_readme_example_defaults_to_a_tp_that_fits():
     res = CliRunner().invoke(_theory_app(), ["theory", "--model", "llama-3.1-70b", "--gpus", "h100,l40s"])
