@@ -91,6 +91,7 @@ def _bad_paths(tmp_path):
         "fifo": (_fifo(tmp_path), "not a regular file"),
         "empty": ("", "empty path"),
         "symlink loop": (loop, "symlink loop"),
+        "trailing slash": (f"{tmp_path}/new/", "names a folder"),
     }
 
 
@@ -101,7 +102,7 @@ def _fifo(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["directory", "missing folder", "under a file", "long name", "fifo",
-                                  "empty", "symlink loop"])
+                                  "empty", "symlink loop", "trailing slash"])
 def test_check_writable_rejects_bad_paths_with_one_line(tmp_path, case):
     path, needle = _bad_paths(tmp_path)[case]
     with pytest.raises(UserError) as err:

@@ -114,6 +114,12 @@ def test_usage_errors_are_one_line_exit_2(tiny, args, needle):
     assert "╭" not in res.stderr and "Usage:" not in res.stderr
 
 
+def test_a_bad_number_names_the_flag_and_the_value(tiny):
+    line = _one_line(tiny("go", "--max-gpus", "abc").stderr)
+    assert line in ("error: --max-gpus: 'abc' is not an integer",  # typer's pydantic conversion
+                    "error: --max-gpus: 'abc' is not a valid integer")  # plain click
+
+
 def test_success_and_real_change(tiny):
     ok = tiny("go", "--max-gpus", "3")
     assert ok.returncode == 0 and ok.stdout == "ok 3\n" and ok.stderr == ""

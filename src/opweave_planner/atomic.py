@@ -55,6 +55,8 @@ def check_writable(path: str | os.PathLike, field: str = "--out") -> Path:
         raise UserError(f"{_prefix(field)}empty path")
     if "\0" in text:
         raise UserError(f"{where} contains a NUL byte")
+    if text.endswith(os.sep) or os.path.basename(text) in (".", ".."):
+        raise UserError(f"{where} names a folder; give a file name")
     target = resolve_target(text, field)
     folder = target.parent
     for part in {Path(text).name, target.name}:

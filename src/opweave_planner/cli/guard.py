@@ -69,6 +69,26 @@ def _param_name(exc: Any) -> str | None:
     return (getattr(param, "human_readable_name", None) or getattr(param, "name", None) or "").upper() or None
 
 
+_PYDANTIC_KINDS = {"int_parsing": "is not an integer", "float_parsing": "is not a number",
+                   "bool_parsing": "is not true/false", "int_from_float": "is not an integer"}
+
+
+def _pydantic_reason(exc: BaseException) -> str | None:
+    """typer >= 0.2x converts values with pydantic: name the value, e.g. "'abc' is not an integer"."""
+    cause = exc.__cause__
+    errs = getattr(cause, "errors", None)
+    if not callable(errs):
+        return None
+    try:
+        first = errs()[0]
+    except (IndexError, TypeError, ValueError):
+        return None
+    kind = _PYDANTIC_KINDS.get(first.get("type", ""))
+    value = first.get("input")
+    text = kind or one_line(first.get("msg", "")).rstrip(".")
+    return f"{value!r} {text}" if kind else f"{value!r}: {text}"
+
+
 def usage_line(exc: Any) -> str:
     """One line for a click usage error: ``--max-gpus: 'abc' is not a valid integer``."""
     msg = one_line(getattr(exc, "message", None) or exc).rstrip(".")
@@ -76,7 +96,7 @@ def usage_line(exc: Any) -> str:
     if _is(exc, "MissingParameter") and name:
         return f"{name}: required"
     if _is(exc, "BadParameter") and name:
-        return f"{name}: {msg}"
+        return f"{name}: {_pydantic_reason(exc) or msg}"
     text = one_line(exc.format_message()) if hasattr(exc, "format_message") else msg
     ctx = getattr(exc, "ctx", None)
     path = getattr(ctx, "command_path", None)
