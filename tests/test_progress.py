@@ -171,22 +171,25 @@ def test_finds_exactly_the_cached_functions_and_their_numba_line(kmod):
     assert report._cached_functions(kmod.read_text()) == [("add", 6), ("mul", 11)]
 
 
-def test_warm_only_when_every_index_is_fresh(kmod, monkeypatch):
+def test_warm_when_a_fresh_index_exists_and_every_named_one_is_fresh(kmod, monkeypatch):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     version = report._numba_version()
     digest = hashlib.sha256(kmod.read_bytes()).digest()
     cache = kmod.parent / "__pycache__"
+    both = ("add", "mul")
     assert report.numba_cache_dir(kmod) == cache
-    assert not numba_cache_is_warm(kmod)
+    assert not numba_cache_is_warm(kmod)  # first run: nothing cached
     _fake_index(cache, kmod, "add", 6, version, digest)
-    assert not numba_cache_is_warm(kmod)  # mul still compiles
-    idx = _fake_index(cache, kmod, "mul", 11, version, digest)
-    assert numba_cache_is_warm(kmod)
+    assert numba_cache_is_warm(kmod)  # mul may simply never be called
+    assert not numba_cache_is_warm(kmod, functions=both)
+    assert not numba_cache_is_warm(kmod, functions=("add", "nope"))
+    _fake_index(cache, kmod, "mul", 11, version, digest)
+    assert numba_cache_is_warm(kmod, functions=both)
     _fake_index(cache, kmod, "mul", 11, "0.0.1", digest)
-    assert not numba_cache_is_warm(kmod)  # another numba version: recompiles
-    _fake_index(cache, kmod, "mul", 11, version, b"\1" * 32)
-    os.utime(idx, (1, 1))
-    assert not numba_cache_is_warm(kmod)  # other source and older than it: stale
+    assert not numba_cache_is_warm(kmod, functions=both)  # another numba version recompiles
+    for name, line in (("add", 6), ("mul", 11)):  # the source changed after both were cached
+        os.utime(_fake_index(cache, kmod, name, line, version, b"\1" * 32), (1, 1))
+    assert not numba_cache_is_warm(kmod)
 
 
 def test_numba_cache_dir_env_and_user_wide_fallback(kmod, tmp_path, monkeypatch):

@@ -484,39 +484,49 @@ def _numba_version() -> str | None:
         return None
 
 
-def numba_cache_is_warm(module_file: str | os.PathLike, environ=None) -> bool:
-    """True when every ``cache=True`` function of ``module_file`` has a fresh ``*.nbi`` index.
+def _index_is_fresh(index: Path, version: str | None, digest: bytes, src_mtime: float) -> bool:
+    try:
+        stream = io.BytesIO(index.read_bytes())
+        header = _NoGlobals(stream).load()
+        rest = stream.read()
+        mtime = index.stat().st_mtime
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
+        return False
+    return header == version and (digest in rest or mtime >= src_mtime)
 
-    Fresh: written by the installed numba version and for this source (its SHA-256 is in
-    the index, as numba >= 0.6x stamps it; older numba stamps mtime, so an index newer than
-    the source counts). Never imports numba; any doubt answers False (announce, not hide).
+
+def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
+                        functions: Iterable[str] | None = None) -> bool:
+    """Whether numba will load ``module_file``'s kernels from its cache instead of compiling.
+
+    An index (``*.nbi``) is fresh when the installed numba wrote it for this source (its
+    SHA-256 is in the index, as numba >= 0.6x stamps it; older numba stamps mtime, so an
+    index newer than the source counts). Warm: every one of ``functions`` (qualnames) has
+    a fresh index, or, by default, at least one ``cache=True`` function does; functions a
+    command never calls never get an index, and after a source edit the ones it calls are
+    rewritten first. Never imports numba.
     """
     module_file = Path(module_file)
     try:
         source = module_file.read_bytes()
-        functions = _cached_functions(source.decode("utf-8"))
+        cached = _cached_functions(source.decode("utf-8"))
+        src_mtime = module_file.stat().st_mtime
     except (OSError, SyntaxError, UnicodeDecodeError):
         return False
-    if not functions:
+    if functions is not None:
+        wanted = set(functions)
+        cached = [(q, ln) for q, ln in cached if q in wanted]
+        if len(cached) < len(wanted):
+            return False  # a name that is not a cached function of this module
+    if not cached:
         return True
     version = _numba_version()
     folder = numba_cache_dir(module_file, environ)
     digest = hashlib.sha256(source).digest()
-    src_mtime = module_file.stat().st_mtime
     tag = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"
-    for qualname, line in functions:
-        index = folder / f"{module_file.stem}.{qualname}-{line}.{tag}.nbi"
-        try:
-            raw = index.read_bytes()
-            stream = io.BytesIO(raw)
-            header = _NoGlobals(stream).load()
-            rest = stream.read()
-            mtime = index.stat().st_mtime
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
-            return False
-        if header != version or not (digest in rest or mtime >= src_mtime):
-            return False
-    return True
+    fresh = [_index_is_fresh(folder / f"{module_file.stem}.{q}-{ln}.{tag}.nbi", version, digest, src_mtime)
+             for q, ln in cached]
+    return all(fresh) if functions is not None else any(fresh)
 
 
 def kernels_cache_is_warm(names: Iterable[str] = KERNEL_FILES, environ=None) -> bool:
