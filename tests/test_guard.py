@@ -303,3 +303,14 @@ def test_deferred_interrupts_never_lose_a_signal():
     with pytest.raises(errors.Terminated), procs.deferred_interrupts():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
+
+
+def test_nested_deferred_sections_keep_a_pending_signal():
+    from opweave_planner import procs
+
+    with pytest.raises(KeyboardInterrupt), procs.deferred_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        with procs.deferred_interrupts():  # e.g. regen in-process calling the search
+            pass
+        pytest.fail("the inner section must raise the pending Ctrl-C on leaving")

@@ -87,7 +87,8 @@ def deferred_interrupts() -> Iterator[Callable[[], None]]:
         yield check_interrupt
         return
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    _pending.signum = None
+    if old[signal.SIGINT] is not _defer:  # outermost: start clean; nested: keep what is pending
+        _pending.signum = None
     for s in old:
         signal.signal(s, _defer)
     try:
