@@ -72,11 +72,16 @@ def test_regen_cli_exit_codes_and_stale_files(matrix, tmp_path):
     out = tmp_path / "plans"
     r1 = cli("regen", "--matrix", str(matrix), "--out", str(out), "--jobs", "2")
     assert r1.returncode == 1 and "6 new" in r1.stdout, r1.stderr
-    (out / "old_entry.json").write_text("{}")
+    plan_file = sorted(out.glob("*.json"))[0]
+    (out / "old_entry.json").write_bytes(plan_file.read_bytes())  # a plan the matrix no longer lists
+    (out / "unrelated.json").write_text("{}")  # not ours: never reported, never pruned
     r2 = cli("regen", "--matrix", str(matrix), "--out", str(out))
     assert r2.returncode == 0 and "not in the matrix" in r2.stdout, r2.stderr
+    assert "unrelated" not in r2.stdout
+    assert r2.stderr.count("(unchanged)") == 6  # one line per entry
     r3 = cli("regen", "--matrix", str(matrix), "--out", str(out), "--prune")
     assert r3.returncode == 1 and not (out / "old_entry.json").exists()
+    assert (out / "unrelated.json").exists()
 
 
 @pytest.mark.parametrize("edit, needle", [

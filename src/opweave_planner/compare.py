@@ -77,6 +77,8 @@ def _f(x: Any) -> float | None:
 
 def plan_entry(plan, infeasible) -> dict[str, Any]:
     """One policy's outcome in a cell, as plain data."""
+    from opweave_planner.report import measured_share
+
     if plan is None:
         return {"feasible": False, "usd_per_million_tokens": None, "reason": infeasible.reason}
     mix: dict[str, int] = {}
@@ -96,6 +98,7 @@ def plan_entry(plan, infeasible) -> dict[str, Any]:
         "price_weighted_occupancy": _f(plan.metrics.price_weighted_occupancy),
         "per_gpu_batch": _f(plan.metrics.per_gpu_batch),
         "critical_resource": plan.metrics.critical_resource,
+        "measured_share": _f(measured_share(plan.stages)),
     }
 
 
@@ -185,8 +188,21 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
                 todo.append(req)
     if progress:
         progress(f"{len(todo)} searches on {executor_label(jobs, ray_address)}")
-    results = make_executor(jobs, ray_address, retries).map(
-        search_entry, todo, [f"{r.policy.value} {r.gpus} {r.ctx} {r.slo_ms}" for r in todo])
+    keys = [f"{r.model} {units.label_tokens(r.ctx)} {r.slo_ms:g}ms {r.policy.value} {'+'.join(r.gpus)}"
+            for r in todo]
+    finished = [0]
+
+    def on_result(res) -> None:
+        from opweave_planner.report import entry_line
+
+        finished[0] += 1
+        if progress:
+            e = res.value if res.ok else {}
+            progress(entry_line(finished[0], len(todo), res.key, e.get("usd_per_million_tokens"),
+                                tpot_ms=e.get("tpot_ms"), measured=e.get("measured_share"),
+                                reason=e.get("reason") if res.ok else res.error))
+
+    results = make_executor(jobs, ray_address, retries).map(search_entry, todo, keys, on_result=on_result)
     done: dict = dict(cache) if cache is not None else {}
     for req, res in zip(todo, results, strict=True):
         if not res.ok:

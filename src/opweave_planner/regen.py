@@ -229,8 +229,41 @@ def _change_summary(old: bytes, new: bytes) -> str:
     return "; ".join(parts)
 
 
+def _is_plan_file(path: Path) -> bool:
+    """Only files this tool wrote are ever reported stale or pruned (not any *.json)."""
+    import orjson
+
+    from opweave_planner.contract import parse_plan
+
+    try:
+        parse_plan(orjson.loads(path.read_bytes()), str(path))
+    except (UserError, OSError, orjson.JSONDecodeError):
+        return False
+    return True
+
+
+def _entry_line(index: int, total: int, change: FileChange, value: bytes | None) -> str:
+    from opweave_planner.report import entry_line, measured_share
+
+    if change.status == "failed":
+        return f"[{index}/{total}] {change.name}: FAILED ({change.summary})"
+    doc = orjson_loads(value)
+    usd = doc.get("usd_per_million_tokens")
+    return entry_line(index, total, change.name.removesuffix(".json"), usd, status=change.status,
+                      measured=measured_share(doc.get("stages") or []), tpot_ms=doc.get("tpot_ms"),
+                      reason=doc.get("reason"))
+
+
+def orjson_loads(data: bytes | None) -> dict:
+    import orjson
+
+    return orjson.loads(data) if data else {}
+
+
 def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = None, retries: int = 1,
-          prune: bool = False) -> RegenReport:
+          prune: bool = False, log=None) -> RegenReport:
+    """Plan every entry; write changed files as each entry finishes; `log(line)` per entry."""
+    from opweave_planner.atomic import check_writable
     from opweave_planner.executor import make_executor
     from opweave_planner.plan import write_atomic
 
@@ -239,25 +272,37 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out: '{out}' is not a folder")
-    results = executor.map(run_task, tasks, [t.name for t in tasks])
-    files: list[FileChange] = []
-    for task, res in zip(tasks, results, strict=True):
+    if out.exists():
+        check_writable(out / ".opweave-regen-probe", "--out")
+    changes: dict[int, FileChange] = {}
+
+    def finished(res) -> None:
+        task = tasks[res.index]
         if not res.ok:
             tries = f" after {res.attempts} attempt{'s' if res.attempts > 1 else ''}"
-            files.append(FileChange(task.name, "failed", f"{res.error}{tries}"))
-            continue
-        path = out / task.name
-        old = path.read_bytes() if path.is_file() else None
-        if old == res.value:
-            files.append(FileChange(task.name, "unchanged"))
-            continue
-        write_atomic(path, res.value)
-        files.append(FileChange(task.name, "new" if old is None else "changed",
-                                "" if old is None else _change_summary(old, res.value)))
+            change = FileChange(task.name, "failed", f"{res.error}{tries}")
+        else:
+            path = out / task.name
+            if path.exists() and not path.is_file():
+                change = FileChange(task.name, "failed", f"'{path}' exists and is not a file")
+            else:
+                old = path.read_bytes() if path.is_file() else None
+                if old == res.value:
+                    change = FileChange(task.name, "unchanged")
+                else:
+                    write_atomic(path, res.value, field="--out")
+                    change = FileChange(task.name, "new" if old is None else "changed",
+                                        "" if old is None else _change_summary(old, res.value))
+        changes[res.index] = change
+        if log:
+            log(_entry_line(len(changes), len(tasks), change, res.value if res.ok else None))
+
+    executor.map(run_task, tasks, [t.name for t in tasks], on_result=finished)
+    files = [changes[i] for i in range(len(tasks))]
     produced = {t.name for t in tasks}
     if out.is_dir():
         for stale in sorted(out.glob("*.json")):
-            if stale.name not in produced:
+            if stale.name not in produced and _is_plan_file(stale):
                 if prune:
                     stale.unlink()
                     files.append(FileChange(stale.name, "removed", "not in the matrix"))

@@ -412,7 +412,8 @@ class Progress:
 # numba's on-disk cache, read without importing numba
 # --------------------------------------------------------------------------- #
 
-KERNEL_FILES = ("search/kernels.py", "schedule/kernels.py")
+KERNEL_FILES = ("search/walk.py", "search/points.py", "search/bounds.py", "search/evaluate.py",
+                "schedule/kernels.py")
 """The package's numba modules a plan search compiles (relative to the package folder)."""
 
 

@@ -118,6 +118,7 @@ def regen_cmd(
     retries: int = typer.Option(1, "--retries", help="Retries of a failed or lost entry"),
     prune: bool = typer.Option(False, "--prune", help="Delete plan files in --out that the matrix no longer lists"),
     as_json: bool = typer.Option(False, "--json", help="Emit the summary as JSON"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-entry lines on stderr"),
 ) -> None:
     """Plan every matrix entry; rewrite only files that changed (atomically).
 
@@ -127,7 +128,10 @@ def regen_cmd(
     from opweave_planner.regen import regen
     from opweave_planner.report import dumps
 
-    report = regen(matrix, out, jobs=jobs, ray=ray, retries=retries, prune=prune)
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    report = regen(matrix, out, jobs=jobs, ray=ray, retries=retries, prune=prune, log=None if quiet else log)
     if as_json:
         _emit(dumps(report.to_dict()))
     else:

@@ -6,14 +6,13 @@ Heavy imports (numpy, numba, the search) happen inside command bodies so that
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from opweave_planner.cli.options import all_settings, with_settings
 
 app = typer.Typer(
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=False,
     pretty_exceptions_enable=False,
     help="Plan the cheapest operator-level disaggregated decode deployment that meets a TPOT SLO.",
@@ -27,10 +26,17 @@ def main(
     out: str = typer.Option(None, "--out", "-o", help="Write the plan JSON here (atomically) instead of stdout"),
     fmt: str = typer.Option("json", "--format", help="json | table (table goes to stderr as well)"),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes (same result as 1)"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or summary on stderr"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, notices or summary on stderr"),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit", is_eager=True),
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of an internal error"),
     settings: dict | None = None,  # (filled by with_settings from PlanRequest)
 ) -> None:
     """Emit the cheapest plan whose TPOT meets the SLO (run with --model, --slo and --ctx)."""
+    if version:
+        from opweave_planner import __version__
+
+        print(f"opweave-planner {__version__}")
+        raise typer.Exit(0)
     if cli.invoked_subcommand is not None:
         return
     from opweave_planner.errors import UserError
@@ -52,28 +58,10 @@ def main(
 
 
 def run() -> None:
-    """Console-script entry: map library errors to one stderr line and an exit code."""
-    from opweave_planner.errors import InfeasibleError, UserError
+    """Console-script entry: every ending maps to one stderr line and a documented exit code."""
+    from opweave_planner.cli.guard import run_cli
 
-    try:
-        rc = app(standalone_mode=False)
-        if isinstance(rc, int) and rc:
-            sys.exit(rc)
-    except UserError as exc:
-        print(str(exc) if isinstance(exc, InfeasibleError) else f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:  # click usage errors (typer vendors click, so match by shape)
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if type(exc).__name__ == "Abort":
-            sys.exit(1)
-        raise
+    run_cli(app, prog_name="opweave-plan")
 
 
 @app.command()

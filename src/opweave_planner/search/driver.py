@@ -9,13 +9,13 @@ Across templates the winner is the smallest (cost, GPUs, stages, template order)
 from __future__ import annotations
 
 import math
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from opweave_planner.inputs.hardware import Hardware, load_hardware
 from opweave_planner.inputs.model import load_model
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.policies import templates_for
+from opweave_planner.procs import deferred_interrupts, process_pool
 from opweave_planner.search.arrays import SearchArrays, build_arrays, make_problem, stage_arrays
 from opweave_planner.search.problem import Counters, Problem, Selection
 from opweave_planner.structure.operators import OperatorSequence, build_sequence
@@ -114,32 +114,41 @@ def _better(a: Candidate | None, b: Candidate | None) -> Candidate | None:
 
 def run_search(ctx: Context, jobs: int = 1, progress=None, slo_ms: float | None = None,
                latency_objective: bool = False) -> SearchOutcome:
-    """Search every template of the context's policy; deterministic for any `jobs`."""
+    """Search every template of the context's policy; deterministic for any `jobs`.
+
+    Ctrl-C and SIGTERM are deferred to between kernel calls (never raised inside a numba
+    frame) and then stop the search; worker processes die with their parent.
+    """
     slo_us = (ctx.request.slo_ms if slo_ms is None else slo_ms) * 1e3
-    # phase 1: the colocated (or first) template seeds the incumbent
-    best, totals = _search_one(ctx, 0, math.inf, slo_us, latency_objective)
-    seed = best.cost if best else math.inf
-    rest = list(range(1, len(ctx.templates)))
-    if progress:
-        progress(1, len(ctx.templates))
-    if jobs <= 1 or len(rest) < 2 * jobs:
-        for done, i in enumerate(rest, start=2):
-            cand, counters = _search_one(ctx, i, seed, slo_us, latency_objective)
-            totals += counters
-            best = _better(best, cand)
-            if progress:
-                progress(done, len(ctx.templates))
-    else:
-        chunks = [rest[i::jobs * 4] for i in range(jobs * 4)]
+    n = len(ctx.templates)
+    with deferred_interrupts() as check:
+        # phase 1: the colocated (or first) template seeds the incumbent
+        best, totals = _search_one(ctx, 0, math.inf, slo_us, latency_objective)
+        check()
+        seed = best.cost if best else math.inf
+        rest = list(range(1, n))
+        if progress:
+            progress(1, n)
+        if jobs <= 1 or len(rest) < 2 * jobs:
+            runs = ([(i, _search_one(ctx, i, seed, slo_us, latency_objective))] for i in rest)
+        else:
+            runs = _pooled(ctx, rest, jobs, seed, slo_us, latency_objective)
         done = 1
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(_worker_run, ctx.request, ch, seed, slo_us, latency_objective)
-                       for ch in chunks if ch]
-            for fut in futures:
-                for cand, counters in fut.result():
-                    totals += counters
-                    best = _better(best, cand)
-                    done += 1
-                if progress:
-                    progress(done, len(ctx.templates))
-    return SearchOutcome(best, totals, len(ctx.templates))
+        for results in runs:
+            for _i, (cand, counters) in results:
+                totals += counters
+                best = _better(best, cand)
+                done += 1
+            if progress:
+                progress(done, n)
+            check()
+    return SearchOutcome(best, totals, n)
+
+
+def _pooled(ctx: Context, rest: list[int], jobs: int, seed: float, slo_us: float, lat_obj: bool):
+    """Chunks of templates on worker processes, yielded in a fixed order (same bytes as jobs=1)."""
+    chunks = [rest[i::jobs * 4] for i in range(jobs * 4)]
+    with process_pool(jobs) as pool:
+        futures = [(ch, pool.submit(_worker_run, ctx.request, ch, seed, slo_us, lat_obj)) for ch in chunks if ch]
+        for ch, fut in futures:
+            yield list(zip(ch, fut.result(), strict=True))
