@@ -13,6 +13,7 @@ import math
 import re
 import shlex
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from opweave_planner.errors import InfeasibleError, UserError
@@ -91,15 +92,36 @@ class Context:
         return self.hw.resolve(gid, f"{self.path}: owners[].gpu")
 
     def placement(self, owner) -> list[Replica]:
-        """Pack an owner's groups onto nodes of its GPU type, first fit, TP groups never split."""
-        per_node = max(1, self.gpu(owner.gpu).gpus_per_node // owner.tensor_parallel)
-        tp = owner.tensor_parallel
-        return [Replica(owner.index, r, r // per_node,
-                        tuple(range((r % per_node) * tp, (r % per_node) * tp + tp)))
-                for r in range(owner.replicas)]
+        return self._placement[owner.index]
 
-    def nodes(self, owner) -> int:
-        return max(r.node for r in self.placement(owner)) + 1
+    @cached_property
+    def _placement(self) -> dict[int, list[Replica]]:
+        """Every owner's groups on numbered nodes, TP groups never split across nodes.
+
+        When the plan's stages hand off inside one node (one GPU type, every GPU in one node, as
+        the planner's link model assumed) all owners share node 0, owners' devices in order;
+        otherwise each owner's groups fill their own nodes first fit, nodes numbered across owners.
+        """
+        plan = self.plan
+        gpn = {o.index: self.gpu(o.gpu).gpus_per_node for o in plan.owners}
+        shared = (len({o.gpu for o in plan.owners}) == 1 and plan.gpus_total <= gpn[0])
+        out: dict[int, list[Replica]] = {}
+        first_node = offset = 0
+        for o in plan.owners:
+            tp = o.tensor_parallel
+            per_node = max(1, gpn[o.index] // tp)
+            reps = []
+            for r in range(o.replicas):
+                if shared:
+                    reps.append(Replica(o.index, r, 0, tuple(range(offset, offset + tp))))
+                    offset += tp
+                else:
+                    local = (r % per_node) * tp
+                    reps.append(Replica(o.index, r, first_node + r // per_node, tuple(range(local, local + tp))))
+            out[o.index] = reps
+            if not shared:
+                first_node += math.ceil(o.replicas / per_node)
+        return out
 
     def memory_fraction(self, owner) -> float:
         """Share of GPU memory the runtime may take: what the planner treated as usable.

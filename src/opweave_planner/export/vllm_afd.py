@@ -110,9 +110,9 @@ def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: 
                    "num_attention_ranks": ranks[0], "num_ffn_ranks": ranks[1]}}
     extra = json.dumps(afd, separators=(",", ":"))
     placement = ctx.placement(owner)
-    nodes = max(r.node for r in placement) + 1
+    nodes = sorted({r.node for r in placement})
     files = {}
-    for node in range(nodes):
+    for k, node in enumerate(nodes):
         here = [r for r in placement if r.node == node]
         devices = ",".join(str(d) for r in here for d in r.devices)
         argv = ["vllm", "serve", ctx.model_id, flags["dp"], str(owner.replicas),
@@ -122,20 +122,20 @@ def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: 
         if ctx.plan.microbatches == 2:
             argv.append(flags["dbo"])
         argv += [flags["extra"], extra]
-        if nodes > 1:
+        if len(nodes) > 1:
             argv += [flags["dp_local"], str(len(here)), flags["dp_addr"], "${HEAD_ADDRESS}",
                      flags["dp_rpc"], str(DP_RPC_PORT)]
-        if node > 0:
+        if k > 0:
             argv += [flags["headless"], flags["dp_start"], str(here[0].index)]
         else:
             argv += [flags["host"], "0.0.0.0", flags["port"], str(port)]
         lines = header(ctx, f"AFD {role} role, owner {owner.index} ({owner.replicas}x {owner.gpu} "
                             f"TP{owner.tensor_parallel}, {owner.resident_batch} requests per rank group): "
-                            f"node {node} of {nodes}, GPUs {devices}.")
+                            f"node {node} ({k + 1} of {len(nodes)} for this role), GPUs {devices}.")
         lines += ["# AFD_HOST: the connector's rendezvous address, the same value on both roles.",
                   'AFD_HOST="${AFD_HOST:-127.0.0.1}"']
-        if nodes > 1:
-            lines.append(f'HEAD_ADDRESS="${{HEAD_ADDRESS:?set HEAD_ADDRESS to {role} node 0}}"')
+        if len(nodes) > 1:
+            lines.append(f'HEAD_ADDRESS="${{HEAD_ADDRESS:?set HEAD_ADDRESS to node {nodes[0]}}}"')
         lines += ["export VLLM_USE_V2_MODEL_RUNNER=0  # the plugin supports model runner v1 only",
                   f"export CUDA_VISIBLE_DEVICES={devices}",
                   "exec " + shell_command(argv)]
