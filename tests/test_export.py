@@ -132,7 +132,7 @@ def test_colocated_plan_of_every_bundled_model_exports_to_every_colocated_target
             assert repr(plan["tpot_ms"]) in (out / "benchmark.sh").read_text()
 
 
-@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-235b-a22b", "gpt-oss-120b", "deepseek-v3"])
+@pytest.mark.parametrize("model", bundled_models())
 def test_dynamo_manifest_validates_against_the_vendored_crd(model, tmp_path):
     ctx, _files = build(_write(tmp_path, _colocated(model)), "dynamo")
     doc = dynamo_mod.manifest(ctx)
@@ -144,7 +144,7 @@ def test_dynamo_manifest_validates_against_the_vendored_crd(model, tmp_path):
     assert worker["extraPodSpec"]["nodeSelector"] == {"nvidia.com/gpu.product": ctx.node_label(owner.gpu)}
 
 
-@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-235b-a22b", "gpt-oss-120b", "deepseek-v3"])
+@pytest.mark.parametrize("model", bundled_models())
 def test_llmd_values_validate_against_the_vendored_chart_schema(model, tmp_path):
     ctx, _files = build(_write(tmp_path, _colocated(model)), "llm-d")
     doc = llmd_mod.values(ctx)
