@@ -23,7 +23,7 @@ from opweave_planner.errors import InfeasibleError, UserError
 from opweave_planner.export import TARGETS, build, export_plan
 from opweave_planner.export import dynamo as dynamo_mod
 from opweave_planner.export import llmd as llmd_mod
-from opweave_planner.export.common import HF_REPOS, to_yaml
+from opweave_planner.export.common import HF_REPOS, hf_repo, to_yaml
 from opweave_planner.inputs.model import bundled_models
 from opweave_planner.plan import plan_bytes
 
@@ -402,6 +402,8 @@ def test_hf_repos_match_models_sources():
     table = dict(re.findall(r"^\| (\S+)\.json \| (\S+)", (ROOT / "models" / "SOURCES.md").read_text(), re.M))
     assert table == HF_REPOS
     assert set(HF_REPOS) == set(bundled_models())
+    assert {m: hf_repo(m) for m in bundled_models()} == HF_REPOS  # the loader's table, where it has one
+    assert hf_repo("not-a-bundled-model") is None
 
 
 def test_targets_and_pins_are_the_documented_ones():
@@ -488,3 +490,17 @@ def test_router_flags_parse_with_the_installed_router(target, module, tmp_path):
     router_args.RouterArgs.add_cli_args(parser, use_router_prefix=False)
     ns = parser.parse_args(argv[1:] if target == "vllm" else argv[3:])
     assert ns.policy == "round_robin" and len(ns.worker_urls) == 2
+
+
+def test_unbundled_model_needs_a_model_id_and_node_labels_can_be_overridden(tmp_path):
+    plan = json.loads((GOLDEN / "llama-3.1-8b_colocated_h100.json").read_bytes())
+    plan["model"] = "my-finetune"
+    path = _write(tmp_path, plan)
+    assert "--model-id" in _one_line_user_error(lambda: build(path, "vllm"))
+    _, files = build(path, "vllm", model_id="/models/my-finetune")
+    assert _command(files["serve-replica-0.sh"])[2] == "/models/my-finetune"
+    ctx, _ = build(path, "dynamo", model_id="org/ft", node_labels=("H100=NVIDIA-H100-PCIe",))
+    worker = dynamo_mod.manifest(ctx)["spec"]["services"][dynamo_mod.WORKER]
+    assert worker["extraPodSpec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-PCIe"}
+    assert "not GPU=VALUE" in _one_line_user_error(lambda: build(path, "dynamo", model_id="x",
+                                                                 node_labels=("h100",)))

@@ -19,10 +19,10 @@ from typing import Any
 from opweave_planner.errors import UserError
 from opweave_planner.export import dynamo, llmd, sglang, vllm, vllm_afd
 from opweave_planner.export.common import (
-    HF_REPOS,
     Context,
     alternative_plan,
     alternatives,
+    hf_repo,
     json_bytes,
     normalise_alternative,
 )
@@ -135,7 +135,7 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
         if model is not None or target == "vllm-afd":
             raise
         spec = None
-    mid = model_id or HF_REPOS.get(plan.model)
+    mid = model_id or hf_repo(plan.model)
     if not mid:
         raise UserError(f"--model-id: model '{plan.model}' is not bundled; pass the Hugging Face repo "
                         f"or weights path to serve")

@@ -19,6 +19,7 @@ from typing import Any
 from opweave_planner.errors import InfeasibleError, UserError
 
 # Hugging Face repositories of the bundled models (models/SOURCES.md; a test keeps them equal).
+# `hf_repo` prefers the model loader's own table where it has one (models/hf_ids.toml).
 HF_REPOS = {
     "gemma-3-27b": "google/gemma-3-27b-it",
     "gemma-3-12b": "google/gemma-3-12b-it",
@@ -31,6 +32,20 @@ HF_REPOS = {
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
     "deepseek-v3": "deepseek-ai/DeepSeek-V3",
 }
+
+
+
+def hf_repo(model: str) -> str | None:
+    """The Hugging Face repository a bundled model's config was taken from, else None."""
+    from opweave_planner.inputs import model as model_inputs
+
+    table = getattr(model_inputs, "bundled_hf_ids", None)
+    if table is not None:
+        ids = table().get(model)
+        if ids:
+            return ids[0]
+    return HF_REPOS.get(model)
+
 
 # Kubernetes node label set by NVIDIA GPU feature discovery, and its value per catalog GPU id.
 GPU_LABEL_KEY = "nvidia.com/gpu.product"
