@@ -30,6 +30,7 @@ MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 CONNECTOR = "P2pNcclAFDConnector"
 AFD_PORT = 6239
 DP_RPC_PORT = 13345
+# vLLM 0.26.0 `vllm/engine/arg_utils.py` (the engine flags are the same names as in _vllm.FLAGS)
 _MP = {"0.26.0": {
     **_vllm.FLAGS["0.33.0"], "dbo": "--enable-dbo", "extra": "--additional-config",
     "dp_local": "--data-parallel-size-local", "dp_addr": "--data-parallel-address",
