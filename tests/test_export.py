@@ -504,3 +504,14 @@ def test_unbundled_model_needs_a_model_id_and_node_labels_can_be_overridden(tmp_
     assert worker["extraPodSpec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-PCIe"}
     assert "not GPU=VALUE" in _one_line_user_error(lambda: build(path, "dynamo", model_id="x",
                                                                  node_labels=("h100",)))
+
+
+def test_embedded_alternative_may_leave_request_keys_to_the_main_plan(tmp_path):
+    colocated = json.loads((GOLDEN / "llama-3.1-8b_colocated_h100.json").read_bytes())
+    for key in ("schema_version", "search", "provenance"):
+        del colocated[key]
+    path = _with_alternative(tmp_path, {"name": "colocated", **colocated})
+    with pytest.raises(InfeasibleError, match=r"the colocated alternative \(\+?-?[0-9.]+ %\) can"):
+        build(path, "sglang")
+    ctx, files = build(path, "sglang", alternative="colocated")
+    assert ctx.plan.num_stages == 1 and "serve-replica-0.sh" in files

@@ -124,7 +124,7 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
         if entry is None:
             raise UserError(f"--alternative: {plan_path} has no '{alt}' alternative (plan files list "
                             f"alternatives from schema 1.2); re-plan with --policy colocated")
-        alt_doc = alternative_plan(entry)
+        alt_doc = alternative_plan(entry, raw)
         if alt_doc is None:
             raise UserError(f"--alternative: {plan_path}'s '{alt}' alternative carries no plan to export; "
                             f"re-plan with --policy colocated")

@@ -209,13 +209,26 @@ def alternatives(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def alternative_plan(entry: dict[str, Any]) -> dict[str, Any] | None:
-    """The full plan object of an alternative entry, if it embeds one."""
+# Keys an embedded alternative may leave to the main plan: the same request, inputs and search.
+INHERITED_KEYS = ("schema_version", "model", "workload", "search", "provenance")
+
+
+def alternative_plan(entry: dict[str, Any], main: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The full plan object of an alternative entry, if it embeds one.
+
+    Keys it omits that describe the request rather than the placement (`INHERITED_KEYS`) are
+    taken from the main plan file `main`.
+    """
     if isinstance(entry.get("plan"), dict):
-        return entry["plan"]
-    if "stages" in entry and "owners" in entry:
-        return entry
-    return None
+        plan = entry["plan"]
+    elif "stages" in entry and "owners" in entry:
+        plan = {k: v for k, v in entry.items() if k not in ("name", "class", "kind", "cost_delta_pct",
+                                                            "tpot_delta_pct")}
+    else:
+        return None
+    if main:
+        plan = {**{k: main[k] for k in INHERITED_KEYS if k in main and k not in plan}, **plan}
+    return plan
 
 
 def cost_delta(entry: dict[str, Any], base_cost: float | None) -> str:
@@ -390,7 +403,7 @@ def refuse(ctx: Context, why: str, fits) -> Refusal:
         entry = found.get(name)
         if entry is None or name == ctx.alternative:
             continue
-        if fits(alternative_plan(entry), name):
+        if fits(alternative_plan(entry, ctx.raw), name):
             delta = cost_delta(entry, ctx.base_cost if ctx.base_cost is not None
                                else ctx.plan.usd_per_million_tokens)
             return Refusal(f"{ctx.target} cannot run {why}; the {name.replace('_', '-')} alternative "
