@@ -515,3 +515,13 @@ def test_embedded_alternative_may_leave_request_keys_to_the_main_plan(tmp_path):
         build(path, "sglang")
     ctx, files = build(path, "sglang", alternative="colocated")
     assert ctx.plan.num_stages == 1 and "serve-replica-0.sh" in files
+
+
+def test_kubernetes_names_are_dns_labels(tmp_path):
+    plan = json.loads((GOLDEN / "llama-3.1-8b_colocated_h100.json").read_bytes())
+    for model, expect in (("llama-3.1-8b", "llama-3-1-8b-2gpu"), ("3B_Model.v2", "m-3b-model-v2-2gpu"),
+                          ("x" * 60, "x" * 52)):
+        plan["model"] = model
+        ctx, _ = build(_write(tmp_path, plan), "dynamo", model_id="org/m")
+        assert ctx.slug == expect
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", ctx.slug) and len(ctx.slug) <= 52

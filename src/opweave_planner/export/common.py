@@ -158,9 +158,11 @@ class Context:
 
     @property
     def slug(self) -> str:
-        """A DNS-1123 name for the deployment: model, policy and GPU count."""
-        name = re.sub(r"[^a-z0-9-]+", "-", f"{self.plan.model}-{self.plan.gpus_total}gpu".lower())
-        return name.strip("-")[:52] or "opweave"
+        """A DNS-1035 label for the deployment (model and GPU count): Services are named after it."""
+        name = re.sub(r"[^a-z0-9-]+", "-", f"{self.plan.model}-{self.plan.gpus_total}gpu".lower()).strip("-")
+        if not name[:1].isalpha():
+            name = f"m-{name}"
+        return name[:52].rstrip("-")
 
 
 def shape_words(plan) -> str:
