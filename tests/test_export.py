@@ -60,6 +60,16 @@ def _colocated(model: str) -> bytes:
     return data
 
 
+def _replicas(model: str, n: int) -> dict:
+    """The model's colocated plan with its one owner replicated n times (same resident batch)."""
+    plan = json.loads(_colocated(model))
+    own = plan["owners"][0]
+    own["replicas"] = n
+    plan["global_batch"] = own["resident_batch"] * n
+    plan["gpus_total"] = own["tensor_parallel"] * n
+    return plan
+
+
 def _command(script: bytes, start: str = "exec ") -> list[str]:
     """The argv of the script's command line (continuations joined, ${VAR} expanded to a stand-in)."""
     text = script.decode().replace("\\\n", " ")
@@ -188,12 +198,8 @@ def test_yaml_emitter_keeps_types_and_order():
 
 
 def test_several_replicas_get_their_own_devices_ports_and_a_router(tmp_path):
-    plan = json.loads(_colocated("llama-3.1-70b"))  # one H100 TP4 replica
-    own = plan["owners"][0]
     n = 3
-    own["replicas"] = n
-    plan["global_batch"] = own["resident_batch"] * n
-    plan["gpus_total"] = own["tensor_parallel"] * n
+    plan = _replicas("llama-3.1-70b", n)  # H100 TP4 replicas
     out = tmp_path / "out"
     export_plan(_write(tmp_path, plan), "vllm", str(out))
     cmds = [_command((out / f"serve-replica-{r}.sh").read_bytes()) for r in range(n)]
@@ -384,11 +390,7 @@ def test_same_plan_same_bytes_and_reexport_replaces_stale_files(tmp_path):
     assert names == sorted(p.name for p in b.iterdir())
     assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
     # a two-replica export first, then the one-replica plan into the same folder: router.sh goes
-    own = plan["owners"][0]
-    two = copy.deepcopy(plan)
-    two["owners"][0]["replicas"] = 2
-    two["global_batch"] = own["resident_batch"] * 2
-    two["gpus_total"] = own["tensor_parallel"] * 2
+    two = _replicas("llama-3.1-70b", 2)
     c = tmp_path / "c"
     export_plan(_write(tmp_path, two, "two.json"), "sglang", str(c))
     assert (c / "router.sh").exists()
@@ -479,12 +481,7 @@ def test_sglang_flags_parse_with_the_installed_sglang(tmp_path):
                                            ("sglang", "sglang_router.router_args")])
 def test_router_flags_parse_with_the_installed_router(target, module, tmp_path):
     router_args = pytest.importorskip(module)
-    plan = json.loads(_colocated("llama-3.1-8b"))
-    own = plan["owners"][0]
-    own["replicas"] = 2
-    plan["global_batch"] = own["resident_batch"] * 2
-    plan["gpus_total"] = own["tensor_parallel"] * 2
-    _, files = build(_write(tmp_path, plan), target)
+    _, files = build(_write(tmp_path, _replicas("llama-3.1-8b", 2)), target)
     argv = _command(files["router.sh"])
     parser = argparse.ArgumentParser()
     router_args.RouterArgs.add_cli_args(parser, use_router_prefix=False)
@@ -525,3 +522,15 @@ def test_kubernetes_names_are_dns_labels(tmp_path):
         ctx, _ = build(_write(tmp_path, plan), "dynamo", model_id="org/m")
         assert ctx.slug == expect
         assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", ctx.slug) and len(ctx.slug) <= 52
+
+
+def test_vllm_data_parallel_launch_only_for_a_dense_model_on_one_node(tmp_path):
+    _, files = build(_write(tmp_path, _replicas("llama-3.1-70b", 2)), "vllm")  # 2x TP4 on one node
+    argv = _command(files["serve-data-parallel.sh"])
+    assert (_flag(argv, "--data-parallel-size"), _flag(argv, "--tensor-parallel-size")) == ("2", "4")
+    assert _flag(argv, "--max-num-seqs") == str(json.loads(_colocated("llama-3.1-70b"))["owners"][0]["resident_batch"])
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in files["serve-data-parallel.sh"].decode()
+    _, files = build(_write(tmp_path, _replicas("llama-3.1-70b", 3)), "vllm")  # spills onto node 1
+    assert "serve-data-parallel.sh" not in files
+    _, files = build(_write(tmp_path, _replicas("qwen3-30b-a3b", 2)), "vllm")  # MoE
+    assert "serve-data-parallel.sh" not in files and "router.sh" in files

@@ -89,8 +89,25 @@ def render(ctx: Context) -> dict[str, bytes]:
                             f"{owner.resident_batch} requests on each); needs `pip install vllm-router`.")
         lines.append("exec " + shell_command(argv))
         files["router.sh"] = script(lines)
+    if data_parallel_applies(ctx, owner):
+        devices = ",".join(str(d) for rep in placement for d in rep.devices)
+        argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(BASE_PORT),
+                flags["dp"], str(owner.replicas), *engine_args(ctx, owner, flags)]
+        lines = header(ctx, f"Instead of serve-replica-*.sh + router.sh: one vLLM server with "
+                            f"{owner.replicas} data-parallel engines on {owner.gpu} node 0 (GPUs {devices}), "
+                            f"load-balanced by vLLM itself, port {BASE_PORT}.")
+        lines += [f"export CUDA_VISIBLE_DEVICES={devices}", "exec " + shell_command(argv)]
+        files["serve-data-parallel.sh"] = script(lines)
     files["benchmark.sh"] = benchmark(ctx, backend="vllm")
     return files
+
+
+def data_parallel_applies(ctx: Context, owner) -> bool:
+    """vLLM's data parallelism equals the plan's independent replicas only for a dense model whose
+    replicas share one node: for MoE models vLLM steps DP ranks in lockstep and spreads the
+    experts over DP x TP GPUs, which is not what the plan sized."""
+    dense = ctx.spec is not None and all(layer.mlp.kind == "dense" for layer in ctx.spec.layers)
+    return owner.replicas > 1 and dense and all(r.node == 0 for r in ctx.placement(owner))
 
 
 def benchmark(ctx: Context, backend: str, what: str = "the deployment") -> bytes:
