@@ -78,7 +78,7 @@ class Replica:
 
     owner: int
     index: int
-    node: int  # node number among the owner's nodes
+    node: int  # node number, counted across all owners (see Context._placement)
     devices: tuple[int, ...]  # CUDA device indices on that node
 
     @property
