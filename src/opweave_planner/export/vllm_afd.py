@@ -131,7 +131,7 @@ def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: 
         else:
             argv += [flags["host"], "0.0.0.0", flags["port"], str(port)]
         lines = header(ctx, f"AFD {role} role, owner {owner.index} ({owner.replicas}x {owner.gpu} "
-                            f"TP{owner.tensor_parallel}, {owner.resident_batch} requests per rank group): "
+                            f"TP{owner.tensor_parallel}, {owner.resident_batch} requests per replica = DP rank): "
                             f"node {node} ({k + 1} of {len(nodes)} for this role), GPUs {devices}.")
         lines += ["# AFD_HOST: the connector's rendezvous address, the same value on both roles.",
                   'AFD_HOST="${AFD_HOST:-127.0.0.1}"']
