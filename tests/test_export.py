@@ -534,3 +534,22 @@ def test_vllm_data_parallel_launch_only_for_a_dense_model_on_one_node(tmp_path):
     assert "serve-data-parallel.sh" not in files
     _, files = build(_write(tmp_path, _replicas("qwen3-30b-a3b", 2)), "vllm")  # MoE
     assert "serve-data-parallel.sh" not in files and "router.sh" in files
+
+
+def test_expert_parallel_owner_turns_on_each_runtimes_expert_parallelism(tmp_path):
+    plan = json.loads(_colocated("qwen3-235b-a22b"))
+    own = plan["owners"][0]
+    own["expert_parallel"] = own["tensor_parallel"]
+    path = _write(tmp_path, plan)
+    _, files = build(path, "vllm")
+    assert "--enable-expert-parallel" in _command(files["serve-replica-0.sh"])
+    _, files = build(path, "sglang")
+    assert _flag(_command(files["serve-replica-0.sh"]), "--ep-size") == str(own["tensor_parallel"])
+    ctx, _ = build(path, "dynamo")
+    doc = dynamo_mod.manifest(ctx)
+    assert "--enable-expert-parallel" in doc["spec"]["services"][dynamo_mod.WORKER]["extraPodSpec"]["mainContainer"]["args"]
+    assert _errors(_crd_validator(), doc) == []
+    ctx, _ = build(path, "llm-d")
+    vals = llmd_mod.values(ctx)
+    assert "--enable-expert-parallel" in vals["decode"]["containers"][0]["args"]
+    assert _errors(_chart_validator(), vals) == []
