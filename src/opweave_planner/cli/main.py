@@ -136,6 +136,9 @@ def _register_subcommands() -> None:
     app.command("simulate")(contract_cli.simulate_cmd)
     app.command("diff")(contract_cli.diff_cmd)
     app.command("regen")(contract_cli.regen_cmd)
+    from opweave_planner.cli import export as export_cli
+
+    app.command("export")(export_cli.export_cmd)
     for module, attr, name in (("theory", "theory_cmd", "theory"), ("compare", "compare_cmd", "compare")):
         try:
             mod = __import__(f"opweave_planner.cli.{module}", fromlist=[attr])
