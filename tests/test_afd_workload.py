@@ -93,7 +93,7 @@ def test_load_trace_reads_columns_in_any_order(tmp_path):
         ("prompt,decode\n1,2.5\n", "line 2: decode length"),
         ("prompt,decode\n1,\n", "line 2: decode length"),
         ("prompt,decode\n1,2\n9\n", "line 3: expected 2 columns, got 1"),
-        ("prompt,output\n1,2\n", "missing column"),
+        ("prompt,output\n1,2\n", "unknown header"),
         ("prompt,decode\n", "no data rows"),
         ("", "empty file"),
     ],
