@@ -1026,7 +1026,54 @@ def kv_moments(
     return m, var, float((d**3) @ w) / sd**3, float((d**4) @ w) / var**2 - 3.0
 
 
-KvMethod = Literal["cornish-fisher", "normal", "mc"]
+KvMethod = Literal["exact", "cornish-fisher", "normal", "mc"]
+#: bound on the length of the n-fold convolution grid of :func:`kv_sum_bounds`
+KV_GRID = 1 << 22
+
+
+def kv_sum_bounds(
+    workload: Workload,
+    n_requests: int,
+    q: float,
+    per_token: float,
+    windows: Sequence[tuple[int, float]] = (),
+    fixed: float = 0.0,
+) -> tuple[float, float]:
+    """Bounds ``(lo, hi)`` on the ``q``-quantile of the KV bytes summed over ``n_requests``
+    independent stationary resident requests, from the exact law of that sum on a grid.
+
+    One request's KV is rounded *up* onto ``G`` equal bins of width ``h`` over its range
+    (``G = clamp(KV_GRID / n, 256, 65536)``); the n-fold convolution of that law (FFT) is the
+    exact law of the rounded-up sum, which dominates the true sum and exceeds it by less than
+    ``n h``. So ``hi`` (the rounded-up quantile) is an upper bound and ``hi - n h`` a lower
+    bound; ``(hi - lo) / hi`` is below ``(max - min) / (G mean)`` per request (0.25 % for the
+    Mooncake trace at n = 1024, far less for small n). Deterministic, no sampling.
+    """
+    from scipy.fft import irfft, next_fast_len, rfft
+
+    q = parse_quantile(q, "kv quantile")
+    if n_requests < 1:
+        raise UserError(f"kv quantile: n_requests must be >= 1, got {n_requests}")
+    n = int(n_requests)
+    lo_c, hi_c = workload.min_context, workload.max_context
+    ctx = np.arange(lo_c, hi_c + 1)
+    x = kv_bytes(ctx, per_token, windows, fixed)
+    w = workload.pmf[lo_c : hi_c + 1]
+    x_min, x_max = float(x.min()), float(x.max())
+    if x_max <= x_min:
+        return n * x_min, n * x_min
+    grid = int(min(65536, max(256, KV_GRID // n)))
+    h = (x_max - x_min) / (grid - 1)
+    k = np.minimum(np.ceil((x - x_min) / h - 1e-9), grid - 1).astype(np.int64)
+    one = np.bincount(k, weights=w, minlength=grid)
+    size = n * (grid - 1) + 1
+    nfft = next_fast_len(size, real=True)
+    total = np.clip(irfft(rfft(one, nfft) ** n, nfft)[:size], 0.0, None)
+    cdf = np.cumsum(total)
+    cdf /= cdf[-1]
+    kq = int(min(np.searchsorted(cdf, q - 1e-12, side="left"), size - 1))
+    hi = n * x_min + kq * h
+    return max(n * x_min, hi - n * h), hi
 
 
 def kv_sum_quantile(
@@ -1036,23 +1083,24 @@ def kv_sum_quantile(
     per_token: float,
     windows: Sequence[tuple[int, float]] = (),
     fixed: float = 0.0,
-    method: KvMethod = "cornish-fisher",
+    method: KvMethod = "exact",
     samples: int = 200_000,
     seed: int = 0,
 ) -> float:
     """The ``q``-quantile of the KV bytes summed over ``n_requests`` independent stationary
     resident requests (a replica's resident batch).
 
-    * ``normal``: ``n m + z_q sqrt(n) s`` (CLT);
-    * ``cornish-fisher`` (default): the normal quantile corrected for the sum's skewness
-      ``γ1/√n`` and excess kurtosis ``γ2/n`` (error ``O(n^-3/2)``); measured against ``mc``
-      in docs/workloads.md;
-    * ``mc``: the empirical quantile (``method='higher'``) of ``samples`` sums drawn with
-      :func:`scenarios` (fixed ``seed``, so deterministic).
-
-    Never more than ``n`` requests at the largest context, never less than ``n`` at the
-    smallest.
+    * ``exact`` (default): the upper bound of :func:`kv_sum_bounds` (conservative, within
+      ``n h`` of the true quantile);
+    * ``cornish-fisher``: the normal quantile corrected for the sum's skewness ``γ1/√n`` and
+      excess kurtosis ``γ2/n`` (error ``O(n^-3/2)``; can be several % low for small ``n`` on
+      bounded, saturating KV laws — see docs/workloads.md);
+    * ``normal``: ``n m + z_q √n s`` (CLT; 10-30 % low for n <= 16 on long-tailed traces);
+    * ``mc``: the empirical quantile (``method='higher'``) of ``samples`` sums, slot ``j``
+      drawn from the stream of :func:`scenarios` (fixed ``seed``: deterministic).
     """
+    if method == "exact":
+        return kv_sum_bounds(workload, n_requests, q, per_token, windows, fixed)[1]
     q = parse_quantile(q, "kv quantile")
     if n_requests < 1:
         raise UserError(f"kv quantile: n_requests must be >= 1, got {n_requests}")
@@ -1073,5 +1121,7 @@ def kv_sum_quantile(
         s1, s2 = g1 / math.sqrt(n), g2 / n
         z = z + (z * z - 1) * s1 / 6 + (z**3 - 3 * z) * s2 / 24 - (2 * z**3 - 5 * z) * s1**2 / 36
     elif method != "normal":
-        raise UserError(f"kv quantile method: {method!r}; expected cornish-fisher, normal or mc")
+        raise UserError(
+            f"kv quantile method: {method!r}; expected exact, cornish-fisher, normal or mc"
+        )
     return float(min(hi, max(lo, n * m + z * math.sqrt(n * var))))
