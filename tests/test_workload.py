@@ -432,6 +432,18 @@ def test_scale_ctx_hits_its_target_on_a_law(text, kw):
     assert w.theta == pytest.approx(parse_tokens(kw["scale_ctx"]), rel=1e-6)
 
 
+def test_scale_ctx_that_keeps_too_few_requests_is_rejected(tmp_path):
+    rng = np.random.default_rng(4)
+    p, d = rng.integers(100, 20_000, 500), rng.integers(1, 300, 500)
+    path = _write(tmp_path, "prompt_tokens,output_tokens\n"
+                  + "".join(f"{a},{b}\n" for a, b in zip(p, d)))
+    with pytest.raises(UserError, match=r"keeps only .* of the requests") as e:
+        workload_spec(workload=str(path), scale_ctx="24k", max_model_len="32k")
+    assert str(path.resolve()) in str(e.value)
+    with pytest.raises(UserError, match="keeps only"):
+        workload_spec(workload="geometric:1k;out=fixed:10", scale_ctx="15k", max_model_len="32k")
+
+
 def test_scale_ctx_below_the_output_part_is_rejected(tmp_path):
     path = _write(tmp_path, "prompt_tokens,output_tokens\n10,5000\n")
     with pytest.raises(UserError, match="--scale-ctx: 1024 tokens is below") as e:

@@ -838,7 +838,24 @@ def _shape_trace(tr_p, tr_o, spec) -> tuple[np.ndarray, np.ndarray, int, int, fl
         scale = _solve_scale(theta_at, float(spec.scale_ctx), f"for {spec.path}")
         tr_p = _scaled(tr_p, scale)
     p, o, clipped, dropped = apply_max_model_len(tr_p, tr_o, L, ov)
+    if spec.scale_ctx is not None:
+        _check_kept(1.0 - dropped / tr_p.size, spec, f"trace {spec.path}")
     return p, o, clipped, dropped, scale
+
+
+#: with --scale-ctx, the least share of requests (or probability mass) that must stay
+MIN_KEPT_SCALED = 0.5
+
+
+def _check_kept(kept: float, spec, what: str) -> None:
+    """Rescaling against a length limit can reach a target only by dropping most requests
+    (the survivors are the short ones, blown up); refuse such a degenerate cohort."""
+    if kept < MIN_KEPT_SCALED:
+        raise UserError(
+            f"{what}: --scale-ctx {spec.scale_ctx} under --max-model-len {spec.max_model_len} "
+            f"keeps only {100 * kept:.1f} % of the requests; raise --max-model-len or lower "
+            "--scale-ctx"
+        )
 
 
 def _trace(spec: TraceSpec) -> Workload:
@@ -949,6 +966,8 @@ def _materialize_law(spec: LawSpec) -> Workload:
         scale = _solve_scale(theta_at, float(spec.scale_ctx), "for this law")
         law = _scaled_law(spec.prompt, scale)
     pmf, lo, hi, mean_p, mean_o, clipped, dropped = build(law)
+    if spec.scale_ctx is not None:
+        _check_kept(1.0 - dropped, spec, "workload law")
     pmf = np.array(pmf[: hi + 1])
     pmf[:lo] = 0.0
     theta, nu2 = _pmf_moments(pmf)
