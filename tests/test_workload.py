@@ -581,3 +581,28 @@ def test_independent_laws_theta_at_least_prompt_mean(pd, pm, od, om):
     w = _law(f"{pd}:{pm};out={od}:{om}")
     assert w.theta >= w.mean_prompt - 1e-6
     assert (np.diff(w.quantile([0.1, 0.5, 0.9, 0.99])) >= 0).all()
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces"
+
+
+@pytest.mark.parametrize(
+    "name, fmt, rows, theta, cv",
+    [("azure-conv-sample.csv", "azure", 1937, 1217.5, 0.549),
+     ("mooncake-conversation-sample.jsonl", "mooncake", 2006, 13484.2, 1.223)],
+)
+def test_shipped_example_traces_match_their_readme(name, fmt, rows, theta, cv):
+    w = trace_workload(EXAMPLES / name)
+    d = w.describe()
+    assert (d["format"], d["rows"], d["requests"]) == (fmt, rows, rows)
+    assert d["theta"] == pytest.approx(theta, abs=0.05)
+    assert d["cv"] == pytest.approx(cv, abs=5e-4)
+    assert set(d["context_quantiles"]) == {"p50", "p90", "p95", "p99", "p99.9"}
+    assert d["naive_mean"] == pytest.approx(w.mean_prompt + w.mean_output / 2)
+
+
+def test_shipped_example_law_file():
+    w = materialize(workload_spec(workload=str(EXAMPLES / "law-mooncake-like.toml")))
+    assert w.theta == pytest.approx(12627.0, abs=0.5)
+    d = w.describe()
+    assert d["prompt"] == "lognormal:mean=12288,cv=1.2" and d["output"] == "geometric:mean=340"
