@@ -168,6 +168,8 @@ def test_bad_row_deep_in_a_long_trace_is_found_by_line(tmp_path):
         ("g.csv", "prompt_tokens,output_tokens\n1,2\n-3,4\n", "line 3: prompt length must be an integer >= 0"),
         ("z.csv", "ContextTokens,GeneratedTokens\n5,0\n", "line 2: output length must be an integer >= 1, got '0'"),
         ("s.csv", "prompt_tokens,output_tokens\n1,2\n3\n", "line 3: expected 2 columns, got 1"),
+        ("x.csv", "prompt_tokens,output_tokens\n1,2\n99999999999999999999,1\n", "line 3: prompt length 99999999999999999999 exceeds"),
+        ("y.jsonl", '{"input_length": 5, "output_length": 99999999999999}\n', "line 1: output length 99999999999999 exceeds"),
         ("j.jsonl", '{"input_length": 5, "output_length": 0}\n', "line 1: output length"),
         ("k.jsonl", '{"input_length": -5, "output_length": 2}\n', "line 1: prompt length"),
         ("l.jsonl", '{"input_length": 5, "output_length": 2}\n{"input_length": "5"}\n', "line 2: expected a JSON object"),

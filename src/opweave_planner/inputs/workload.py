@@ -340,11 +340,9 @@ def workload_spec(
             prompt, output = _law_toml(path, field)
             spec = LawSpec(prompt=prompt, output=output, **shaped)
         else:
-            tr = read_trace(path.resolve())
-            _remember(tr)
-            spec = TraceSpec(
-                path=str(path.resolve()), format=tr.format, sha256=tr.sha256, rows=tr.rows, **shaped
-            )
+            tr = _remember(read_trace(path), str(path.resolve()))
+            spec = TraceSpec(path=tr.path, format=tr.format, sha256=tr.sha256, rows=tr.rows,
+                             **shaped)
     elif ":" in text and not any(text.lower().endswith(e) for e in (".csv", ".jsonl", ".toml")):
         prompt, output = parse_law(text, field)
         spec = LawSpec(prompt=prompt, output=output, **shaped)
@@ -417,7 +415,17 @@ class _HashingLines:
                     yield line + "\n"
 
 
+#: longest length a trace may give (2^40 tokens; keeps every sum well inside int64)
+MAX_LENGTH = 1 << 40
+
+
 def _bad_value(path: Path, line: int, what: str, minimum: int, value: str) -> UserError:
+    try:
+        huge = int(value) > MAX_LENGTH
+    except ValueError:
+        huge = False
+    if huge:
+        return UserError(f"trace {path} line {line}: {what} length {value} exceeds 2^40 tokens")
     return UserError(
         f"trace {path} line {line}: {what} length must be an integer >= {minimum}, got {value!r}"
     )
@@ -427,14 +435,14 @@ def _to_int(cells: list[str], path: Path, lines: list[int], what: str, minimum: 
     """Vectorised integer conversion of a chunk; the first bad cell is reported by line."""
     try:
         arr = np.array([c.strip() for c in cells]).astype(np.int64)
-        bad = np.flatnonzero(arr < minimum)
+        bad = np.flatnonzero((arr < minimum) | (arr > MAX_LENGTH))
     except (ValueError, OverflowError):
         arr, bad = None, None
     if arr is not None and bad.size == 0:
         return arr
     for i, cell in enumerate(cells):
         try:
-            ok = int(cell.strip()) >= minimum
+            ok = minimum <= int(cell.strip()) <= MAX_LENGTH
         except ValueError:
             ok = False
         if not ok:
@@ -527,7 +535,7 @@ def _read_jsonl(lines: Iterator[str], first: str, path: Path):
             ("input_length", 0, "prompt", ps), ("output_length", 1, "output", os_)
         ):
             v = obj[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_LENGTH:
                 raise _bad_value(path, number, what, minimum, str(v))
             dest[n] = v
         n += 1
@@ -561,7 +569,7 @@ def read_trace(path: str | Path) -> Trace:
         fmt, cp, co = _read_jsonl(lines, first, path)
     else:
         fmt, cp, co = _read_csv(lines, first, path)
-    for _ in lines:  # finish hashing (readers stop at EOF already; kept for safety)
+    for _ in lines:  # both readers consume every line; this only guarantees a full hash
         pass
     prompt = np.concatenate(cp) if cp else np.empty(0, np.int64)
     output = np.concatenate(co) if co else np.empty(0, np.int64)
@@ -573,10 +581,12 @@ def read_trace(path: str | Path) -> Trace:
 _TRACES: dict[tuple[str, str], Trace] = {}
 
 
-def _remember(tr: Trace) -> Trace:
+def _remember(tr: Trace, path: str) -> Trace:
+    """Keep the last few traces read, under their resolved path (a spec re-reads none)."""
     if len(_TRACES) >= 8:
         _TRACES.pop(next(iter(_TRACES)))
-    _TRACES[(tr.path, tr.sha256)] = tr
+    tr = Trace(path, tr.format, tr.sha256, tr.prompt, tr.output)
+    _TRACES[(path, tr.sha256)] = tr
     return tr
 
 
@@ -586,7 +596,7 @@ def _read_trace_checked(path: str, sha256: str) -> Trace:
     tr = read_trace(path)
     if tr.sha256 != sha256:
         raise UserError(f"trace {path}: file changed since it was read (sha256 differs)")
-    return _remember(tr)
+    return _remember(tr, path)
 
 
 # --------------------------------------------------------------------------- shaping
