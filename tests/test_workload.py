@@ -35,6 +35,7 @@ from opweave_planner.inputs.workload import (
     read_trace,
     scenarios,
     stationary_moments,
+    step_percentile,
     trace_workload,
     workload_spec,
 )
@@ -608,3 +609,24 @@ def test_shipped_example_law_file():
     assert w.theta == pytest.approx(12627.0, abs=0.5)
     d = w.describe()
     assert d["prompt"] == "lognormal:mean=12288,cv=1.2" and d["output"] == "geometric:mean=340"
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e3), st.floats(0, 1e3)), min_size=1, max_size=60),
+       st.floats(0.5, 99.5))
+def test_step_percentile_is_an_order_statistic_and_monotone(pairs, p):
+    values = np.array([a + b for a, b in pairs])
+    lower = np.array([a for a, _ in pairs])  # pointwise lower bound on the same scenarios
+    got = float(step_percentile(values, p))
+    assert got in set(values.tolist())
+    k = int(np.ceil(len(values) * p / 100))
+    assert got == np.sort(values)[max(k, 1) - 1]
+    assert float(step_percentile(lower, p)) <= got
+
+
+def test_step_percentile_rejects_bad_levels_and_works_along_an_axis():
+    x = np.arange(20.0).reshape(2, 10)
+    np.testing.assert_array_equal(step_percentile(x, 95), [9.0, 19.0])
+    np.testing.assert_array_equal(step_percentile(x, 50), [4.0, 14.0])
+    with pytest.raises(UserError, match="outside"):
+        step_percentile(x, 100)
