@@ -26,8 +26,14 @@ from opweave_planner.errors import UserError
 from opweave_planner.inputs.workload import (
     LEGACY_DECODE,
     LEGACY_PROMPT,
+    FixedContextSpec,
+    LawSpec,
+    TraceSpec,
+    materialize,
     read_trace,
+    scaled_law,
     stationary_moments,
+    workload_spec,
 )
 
 DistKind = Literal["geometric", "fixed"]
@@ -216,3 +222,75 @@ def load_trace(path: str | Path) -> TraceWorkload:
     w.format = trace.format
     w.sha256 = trace.sha256
     return w
+
+
+class LawWorkload(Workload):
+    """Independent prompt and decode laws of :mod:`opweave_planner.inputs.workload`
+    (``fixed``, ``geometric``, ``lognormal``), as discretised there.
+
+    theta and nu^2 are those of the materialised stationary law; requests are drawn from the
+    discretised pmfs by inverse CDF, slot states with the decode length-biased
+    (``P(D = d) d / E[D]``), the prompt independent and the age uniform on ``0..D-1``.
+    """
+
+    def __init__(self, spec: LawSpec) -> None:
+        if spec.max_model_len is not None:
+            raise UserError(
+                "afd workload: --max-model-len with a parametric law is not supported "
+                "(prompt and decode would no longer be independent); use a trace"
+            )
+        stat = materialize(spec)
+        self.spec = spec
+        self.prompt_law = scaled_law(spec.prompt, stat.scale) if spec.scale_ctx else spec.prompt
+        wp, wd = self.prompt_law.pmf(0), spec.output.pmf(1)
+        self._cp = np.cumsum(wp) / wp.sum()
+        self._cd = np.cumsum(wd) / wd.sum()
+        biased = wd * np.arange(wd.size)
+        self._cb = np.cumsum(biased) / biased.sum()
+        self.theta, self.nu2 = stat.theta, stat.nu2
+        self.mean_prompt, self.mean_decode = stat.mean_prompt, stat.mean_output
+
+    @staticmethod
+    def _draw(cdf: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray:
+        idx = np.searchsorted(cdf, rng.random(n), side="right")
+        return np.minimum(idx, cdf.size - 1).astype(np.int64)
+
+    def sample(self, rng, n):
+        return self._draw(self._cp, rng, n), self._draw(self._cd, rng, n)
+
+    def sample_stationary(self, rng, n):
+        prompt = self._draw(self._cp, rng, n)
+        decode = self._draw(self._cb, rng, n)
+        age = np.minimum(np.floor(rng.random(n) * decode).astype(np.int64), decode - 1)
+        return prompt, decode, age
+
+    def describe(self) -> dict:
+        return {
+            **super().describe(),
+            "source": "law",
+            "prompt": self.prompt_law.label(),
+            "decode": self.spec.output.label(),
+        }
+
+
+def workload_from_spec(spec: FixedContextSpec | TraceSpec | LawSpec) -> Workload:
+    """The AFD workload of a spec from :func:`opweave_planner.inputs.workload.workload_spec`.
+
+    A trace keeps :class:`TraceWorkload`'s sampling (so an unshaped trace gives exactly what
+    :func:`load_trace` gives), with ``scale_ctx``/``max_model_len`` applied to its requests;
+    a law becomes a :class:`LawWorkload`; a fixed context is not a request workload.
+    """
+    if isinstance(spec, FixedContextSpec):
+        raise UserError("afd workload: a fixed --ctx has no request lengths; give a trace or law")
+    if isinstance(spec, LawSpec):
+        return LawWorkload(spec)
+    stat = materialize(spec)
+    w = TraceWorkload(stat.prompt, stat.output, name=spec.path)
+    w.format, w.sha256 = spec.format, spec.sha256
+    return w
+
+
+def workload_from_text(text: str, **shaping) -> Workload:
+    """``--workload`` for ``afd``: a trace file of any supported format, a ``.toml`` law file
+    or an inline law (``shaping``: ``scale_ctx``, ``max_model_len``, ``overflow``)."""
+    return workload_from_spec(workload_spec(workload=text, **shaping))

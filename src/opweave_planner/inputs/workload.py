@@ -950,7 +950,9 @@ def _pmf_moments(pmf: np.ndarray) -> tuple[float, float]:
     return theta, float(((c - theta) ** 2) @ w)
 
 
-def _scaled_law(base: LengthLaw, s: float) -> LengthLaw:
+def scaled_law(base: LengthLaw, s: float) -> LengthLaw:
+    """``base`` with its mean multiplied by ``s`` (same family and CV; a fixed value rounded,
+    a geometric mean kept >= 1): the prompt law ``scale_ctx`` produces."""
     mean = base.mean * s
     if base.dist == "fixed":
         return LengthLaw(dist="fixed", mean=float(round(mean)))
@@ -971,10 +973,10 @@ def _materialize_law(spec: LawSpec) -> Workload:
         def theta_at(s: float) -> float:
             if s == 0.0:
                 return _pmf_moments(build(LengthLaw(dist="fixed", mean=0.0))[0])[0]
-            return _pmf_moments(build(_scaled_law(spec.prompt, s))[0])[0]
+            return _pmf_moments(build(scaled_law(spec.prompt, s))[0])[0]
 
         scale = _solve_scale(theta_at, float(spec.scale_ctx), "for this law")
-        law = _scaled_law(spec.prompt, scale)
+        law = scaled_law(spec.prompt, scale)
     pmf, lo, hi, mean_p, mean_o, clipped, dropped = build(law)
     if spec.scale_ctx is not None:
         _check_kept(1.0 - dropped, spec, "workload law")
