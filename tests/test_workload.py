@@ -25,6 +25,7 @@ from opweave_planner.inputs.workload import (
     TraceSpec,
     apply_max_model_len,
     kv_bytes,
+    kv_quantile,
     kv_sum_bounds,
     kv_sum_quantile,
     materialize,
@@ -512,6 +513,8 @@ def test_kv_sum_quantile_matches_exhaustive_enumeration(tmp_path):
     per, win, fix = 3.0, [(20, 5.0)], 11.0
     steps = _steps(p, d)
     x = kv_bytes(steps, per, win, fix)
+    for q in (0.1, 0.5, 0.97):
+        assert kv_quantile(w, q, per, win, fix) == np.quantile(x, q, method="inverted_cdf")
     for n in (1, 2, 3):
         sums = np.array([sum(t) for t in itertools.product(x, repeat=n)])
         for q in (0.5, 0.9, 0.999):
@@ -525,7 +528,7 @@ def test_kv_sum_methods_agree_on_a_long_tailed_law(small_law):
     kv = dict(per_token=81920.0, windows=[(1024, 425984.0)], fixed=0.0)  # gemma-3-27b
     for n in (4, 64):
         lo, hi = kv_sum_bounds(small_law, n, 0.999, **kv)
-        assert (hi - lo) / hi < 1e-3
+        assert (hi - lo) / hi < 5e-3  # <= range / ((G - 1) mean); this law has range/mean ~ 100
         mc = kv_sum_quantile(small_law, n, 0.999, **kv, method="mc", samples=100_000, seed=0)
         assert mc == pytest.approx(hi, rel=0.02)
         cf = kv_sum_quantile(small_law, n, 0.999, **kv, method="cornish-fisher")
