@@ -633,3 +633,31 @@ def test_step_percentile_rejects_bad_levels_and_works_along_an_axis():
     np.testing.assert_array_equal(step_percentile(x, 50), [4.0, 14.0])
     with pytest.raises(UserError, match="outside"):
         step_percentile(x, 100)
+
+
+def test_stationary_law_is_the_long_run_law_of_continuous_batching(tmp_path):
+    """Replay: 64 slots, each refilled at once from the trace; contexts grow by one per step.
+    After a warm-up the time-averaged context law is the renewal-reward law."""
+    rng = np.random.default_rng(8)
+    p, d = rng.integers(0, 3000, 400), rng.geometric(1 / 80, 400)
+    path = _write(tmp_path, "prompt_tokens,output_tokens\n"
+                  + "".join(f"{a},{b}\n" for a, b in zip(p, d)))
+    w = trace_workload(path)
+    slots, steps = 64, 12_000
+    pick = rng.integers(0, p.size, slots)
+    ctx, left = p[pick].copy(), d[pick].copy()
+    seen = []
+    for t in range(steps):
+        if t >= 2_000:
+            seen.append(ctx.copy())
+        ctx += 1
+        left -= 1
+        done = left == 0
+        if done.any():
+            new = rng.integers(0, p.size, int(done.sum()))
+            ctx[done], left[done] = p[new], d[new]
+    y = np.concatenate(seen)
+    assert y.mean() == pytest.approx(w.theta, rel=0.02)
+    assert y.std() == pytest.approx(w.nu, rel=0.03)
+    for q in (0.5, 0.9, 0.99):
+        assert np.quantile(y, q) == pytest.approx(w.quantile(q), rel=0.03)

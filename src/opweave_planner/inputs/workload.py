@@ -986,7 +986,7 @@ def _materialize_law(spec: LawSpec) -> Workload:
     return Workload(spec, pmf, theta, nu2, mean_p, mean_o, lo, hi, 0, clipped, dropped, scale)
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=8)
 def materialize(spec: FixedContextSpec | TraceSpec | LawSpec) -> Workload:
     """The :class:`Workload` of a spec (cached per process; a trace is re-read, or taken from
     this process's read cache, and its sha256 checked)."""
@@ -1113,7 +1113,7 @@ def kv_sum_bounds(
     return _kv_sum_bounds(workload, int(n_requests), q, float(per_token), key, float(fixed))
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=256)
 def _kv_sum_bounds(
     workload: Workload, n: int, q: float, per_token: float,
     windows: tuple[tuple[int, float], ...], fixed: float,
