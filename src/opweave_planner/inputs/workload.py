@@ -11,8 +11,9 @@ as a dense probability vector over integer contexts ``0..max_context`` (exact, n
 so θ, ν², quantiles, sampling and the KV distribution all come from one array. See
 ``docs/workloads.md``.
 
-Token grammar (:func:`parse_tokens`): ``131072``, ``32k``, ``1.5k``, ``2m`` (k = 1024,
-m = 1024²); the value must be a whole, positive number of tokens.
+Token counts go through the package's one grammar, :func:`opweave_planner.inputs.units.
+parse_tokens` (``131072``, ``32k``, ``1.5k``; k = 1024; a whole, positive count), re-exported
+here.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from opweave_planner.errors import UserError
+from opweave_planner.inputs.units import parse_tokens
+
+__all__ = [
+    "FixedContextSpec", "LawSpec", "LengthLaw", "Trace", "TraceSpec", "Workload",
+    "WorkloadSpec", "apply_max_model_len", "kv_bytes", "kv_moments", "kv_quantile",
+    "kv_sum_bounds", "kv_sum_quantile", "materialize", "parse_law", "parse_percentile",
+    "parse_quantile", "parse_tokens", "read_trace", "scaled_law", "scenarios",
+    "stationary_moments", "step_percentile", "trace_workload", "workload_spec",
+]
 
 Overflow = Literal["clip", "drop"]
 Dist = Literal["fixed", "geometric", "lognormal"]
@@ -48,32 +58,8 @@ _READ_BYTES = 1 << 20
 
 # --------------------------------------------------------------------------- grammar
 
-_TOKENS = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kKmM]?)\s*")
-
-
-def parse_tokens(text: str | int, field: str = "--ctx") -> int:
-    """``'32k'`` -> 32768, ``'1.5k'`` -> 1536, ``'131072'`` -> 131072 (k = 1024, m = 1024²).
-
-    The value must be a whole number of tokens (``'0.3k'`` = 307.2 is rejected) and positive.
-    """
-    if isinstance(text, bool):
-        raise UserError(f"{field}: {text!r} is not a token count; expected e.g. 32k or 131072")
-    if isinstance(text, int):
-        value = text
-    else:
-        m = _TOKENS.fullmatch(str(text))
-        if not m:
-            raise UserError(
-                f"{field}: '{text}' is not a token count; expected e.g. 32k, 1.5k or 131072"
-            )
-        scale = {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
-        exact = float(m.group(1)) * scale
-        value = round(exact)
-        if abs(exact - value) > 1e-9 * max(1.0, exact):
-            raise UserError(f"{field}: '{text}' is {exact:g} tokens; expected a whole number")
-    if value <= 0:
-        raise UserError(f"{field}: '{text}' must be a positive number of tokens")
-    return int(value)
+# real-valued token counts (law means: ``geometric:mean=300.5``, ``lognormal:mean=1.5k``)
+_TOKENS_REAL = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kKmM]?)\s*")
 
 
 def _number(value: object, field: str) -> float:
@@ -235,7 +221,7 @@ def _tokens_real(raw: object, field: str) -> float:
     if isinstance(raw, int | float) and not isinstance(raw, bool):
         x = float(raw)
     else:
-        m = _TOKENS.fullmatch(str(raw))
+        m = _TOKENS_REAL.fullmatch(str(raw))
         if not m:
             raise UserError(f"{field}: mean {raw!r} is not a token count; expected e.g. 12k")
         x = float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
