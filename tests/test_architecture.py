@@ -99,3 +99,21 @@ def test_the_checker_itself_on_made_up_sources():
     nested = "def f():\n    from opweave_planner.api import plan\n    return plan\n"
     assert violations("search", nested)
     assert imports_of("import numpy\nfrom . import x\n") == set()
+
+
+def test_search_functions_stay_small():
+    """The search is small numba functions over named tuples, not one long kernel."""
+    for path in sorted((PKG / "search").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                params = len(node.args.args) + len(node.args.kwonlyargs)
+                assert length <= 80 and params <= 8, f"{path.name}:{node.name}: {length} lines, {params} parameters"
+
+
+def test_plan_and_contract_use_nothing_private_from_search():
+    for name in ("plan.py", "contract.py"):
+        tree = ast.parse((PKG / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("opweave_planner.search"):
+                assert not any(a.name.startswith("_") for a in node.names), (name, node.module)

@@ -272,7 +272,7 @@ def test_alternative_missing_or_without_a_plan_is_a_bad_input(tmp_path):
 
 
 def _deepseek_afd(tps: tuple[int, ...] = (8,)) -> dict:
-    data = _plan_bytes("deepseek-v3", policy="afd", gpus="h200", tps=tps)
+    data = _plan_bytes("deepseek-v3", policy="afd", gpus="h200", tensor_parallel_sizes=tps)
     assert data is not None
     return json.loads(data)
 
