@@ -9,6 +9,7 @@ model is rejected, never approximated.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import hashlib
@@ -562,12 +563,10 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
     if not isinstance(text, str) or not text.strip():
         raise UserError(f"--model: empty; expected {_EXPECTED_MODEL}")
     if "\0" in text:
-        raise UserError(f"--model: '{_short(text)!r}' contains a NUL character; expected {_EXPECTED_MODEL}")
+        raise UserError(f"--model: {_short(text)!r} contains a NUL character; expected {_EXPECTED_MODEL}")
     path = Path(text)
-    try:
+    with contextlib.suppress(RuntimeError):  # ~user of an unknown user: taken literally
         path = path.expanduser()
-    except RuntimeError:  # ~user of an unknown user: taken literally
-        pass
     kind = _file_kind(path, text)
     if kind == "dir":
         inner = path / "config.json"
