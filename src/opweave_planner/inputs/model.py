@@ -553,13 +553,13 @@ def _unknown(text: str) -> UserError:
     hint = (f"did you mean {', '.join(by_lower[c] for c in close)}?" if close
             else f"expected {_EXPECTED_MODEL}; bundled: {', '.join(names)}")
     where = ""
-    if _HF_ID.fullmatch(text):
+    if "/" in text and _HF_ID.fullmatch(text):
         where = f" (not bundled and not in the local Hugging Face cache {hf_hub_cache()}; nothing is downloaded)"
     return UserError(f"--model: unknown model '{_short(text)}'{where}; {hint}")
 
 
 def _locate(text: str) -> tuple[Path, str | None, str]:
-    """(config file, bundled name or None, source) for a --model value; nothing is opened."""
+    """(config file, its name or None to derive one, source) for a --model value; nothing is opened."""
     if not isinstance(text, str) or not text.strip():
         raise UserError(f"--model: empty; expected {_EXPECTED_MODEL}")
     if "\0" in text:
@@ -571,8 +571,8 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
     if kind == "dir":
         inner = path / "config.json"
         if _file_kind(inner, text) != "file":
-            raise UserError(f"--model: '{_short(text)}' is a directory, not a regular file; "
-                            "expected a config.json or a folder holding one")
+            raise UserError(f"--model: '{_short(text)}' is not a regular file (a directory without "
+                            "config.json); expected a config.json or a folder holding one")
         return inner, None, os.path.abspath(inner)
     if kind == "other":
         raise UserError(f"--model: '{_short(text)}' is not a regular file; expected a config.json")
@@ -588,7 +588,7 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
     cfg = _cached_config(text)
     if cfg is None:
         raise _unknown(text)
-    return cfg, None, text
+    return cfg, _repo_id(cfg.parts[-4]), text
 
 
 def _read(path: Path, where: str) -> bytes:
