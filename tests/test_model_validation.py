@@ -97,6 +97,8 @@ def test_every_integer_key_rejects_other_types(key, value):
     ("deepseek-v3", "n_routed_experts", "256"),
     ("deepseek-v3", "first_k_dense_replace", -3),
     ("deepseek-v3", "kv_lora_rank", -512),
+    ("deepseek-v3", "kv_lora_rank", 0),
+    ("deepseek-v3", "q_lora_rank", 0),
     ("deepseek-v3", "q_lora_rank", -1536),
     ("deepseek-v3", "qk_rope_head_dim", 0),
     ("gpt-oss-120b", "num_local_experts", 2.5),
@@ -175,7 +177,7 @@ def test_qwen3_next_pattern_is_derived_without_layer_types():
 
 @pytest.mark.parametrize("name, key", [
     ("deepseek-v3", "qk_nope_head_dim"), ("deepseek-v3", "qk_rope_head_dim"),
-    ("deepseek-v3", "v_head_dim"), ("deepseek-v3", "q_lora_rank"),
+    ("deepseek-v3", "v_head_dim"), ("deepseek-v3", "q_lora_rank"), ("deepseek-v3", "kv_lora_rank"),
     ("gpt-oss-120b", "intermediate_size"), ("qwen3-30b-a3b", "num_experts_per_tok"),
     ("qwen3-next-80b-a3b", "linear_key_head_dim"), ("gpt-oss-120b", "sliding_window"),
     ("llama-3.1-8b", "intermediate_size"), ("llama-3.1-8b", "vocab_size"),

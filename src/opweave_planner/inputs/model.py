@@ -302,13 +302,14 @@ def _layer_types(c: _Config, mt: str, n_layers: int) -> list[str]:
 def _attention_specs(c: _Config, mt: str, hidden: int, n_heads: int, n_kv: int,
                      kinds: set[str]) -> dict[str, AttentionSpec]:
     """The attention of each layer type in use; MLA (kv_lora_rank set) replaces them all."""
-    if c.integer("kv_lora_rank", 0, lo=0):
+    if c.has("kv_lora_rank") or mt == "deepseek_v3":
+        kv_lora = c.integer("kv_lora_rank")
         q_lora = c.integer("q_lora_rank", expected="a positive integer (MLA without a query "
                            "low-rank projection is not modeled yet)")
         nope, rope = c.integer("qk_nope_head_dim"), c.integer("qk_rope_head_dim")
         mla = AttentionSpec(
             kind="mla", n_heads=n_heads, n_kv_heads=n_heads, head_dim=nope + rope,
-            q_lora_rank=q_lora, kv_lora_rank=c.values["kv_lora_rank"], qk_nope_dim=nope,
+            q_lora_rank=q_lora, kv_lora_rank=kv_lora, qk_nope_dim=nope,
             qk_rope_dim=rope, v_head_dim=c.integer("v_head_dim"),
         )
         return dict.fromkeys(kinds, mla)
