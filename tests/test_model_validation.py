@@ -406,6 +406,19 @@ def test_file_copies_of_bundled_configs(tmp_path):
     assert spec.name == f"llama-3.1-8b-{spec.source_sha256[:8]}" and spec.n_layers == 4
 
 
+@pytest.mark.parametrize("value, needle", [
+    ("", "--model: empty"), ("  ", "--model: empty"), (3, "--model: expected a bundled model name"),
+    ("a\0b.json", "contains a NUL character"),
+])
+def test_empty_or_odd_model_values(value, needle):
+    assert needle in load_error(value)
+
+
+def test_path_objects_are_accepted(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(B))
+    assert load_model(tmp_path / "config.json").source == str(tmp_path / "config.json")
+
+
 def test_bundled_source_is_what_was_typed():
     assert load_model("llama-3.1-8b").source == "llama-3.1-8b"
     assert load_model("LLAMA-3.1-8B").name == "llama-3.1-8b"

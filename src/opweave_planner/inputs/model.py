@@ -561,7 +561,11 @@ def _unknown(text: str) -> UserError:
 
 def _locate(text: str) -> tuple[Path, str | None, str]:
     """(config file, its name or None to derive one, source) for a --model value; nothing is opened."""
-    if not isinstance(text, str) or not text.strip():
+    if isinstance(text, os.PathLike):
+        text = os.fspath(text)
+    if not isinstance(text, str):
+        raise UserError(f"--model: expected {_EXPECTED_MODEL}, got {_show(text)}")
+    if not text.strip():
         raise UserError(f"--model: empty; expected {_EXPECTED_MODEL}")
     if "\0" in text:
         raise UserError(f"--model: {_short(text)!r} contains a NUL character; expected {_EXPECTED_MODEL}")
