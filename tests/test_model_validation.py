@@ -579,3 +579,27 @@ def test_fuzz_mutated_bundled_configs(name, mutations):
     assert seq.total_params() > 0 and seq.weight_bytes() > 0
     assert seq.kv_bytes(1) >= 0 and seq.kv_bytes(4096) >= seq.kv_bytes(1)
     assert all(op.params >= 0 and op.flops >= 0 and op.out_bytes > 0 for op in seq.ops)
+
+
+# ----------------------------------------------------------------------------- through the CLI
+
+def test_cli_answers_bad_model_inputs_in_one_line(tmp_path, fresh_hub):
+    from cli_helpers import cli
+
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps(with_(B, num_key_value_heads=5)))
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (str(bad), f"{bad}: num_key_value_heads: expected a positive integer dividing"),
+        (str(empty), "is not a regular file"), (str(fifo), "is not a regular file"),
+        ("x" * 300, "unknown model"), ("acme/none", "not in the local Hugging Face cache"),
+    ]
+    for value, needle in cases:
+        res = cli("inspect", "--model", value)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr
+    ok = cli("inspect", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--json")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["model"] == "llama-3.1-8b"
