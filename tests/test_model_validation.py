@@ -3,7 +3,8 @@
 Regression cases from issues 17 and 18 (wrong types, impossible sizes, missing family keys,
 odd files, Hugging Face ids and the local hub cache), plus a hypothesis fuzz over mutated
 bundled configs: a mutation yields either a model the operator builder accepts or a one-line
-UserError naming a field, never another exception.
+UserError naming a field, never another exception. The fuzz runs ten times the active
+hypothesis profile's max_examples (at least 1000, about 3 s), so a larger profile runs it longer.
 """
 
 from __future__ import annotations

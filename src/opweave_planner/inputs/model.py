@@ -548,8 +548,7 @@ def _file_kind(path: Path, text: str) -> str | None:
 def _unknown(text: str) -> UserError:
     names = bundled_models()
     ids = sorted({i for v in bundled_hf_ids().values() for i in v} | set(_cached_ids()))
-    pool = ids + names if "/" in text else names + ids  # the closer kind of candidate first
-    by_lower = {p.lower(): p for p in reversed(pool)}
+    by_lower = {p.lower(): p for p in names + ids}
     close = difflib.get_close_matches(text.lower(), list(by_lower), n=3, cutoff=0.5)
     hint = (f"did you mean {', '.join(by_lower[c] for c in close)}?" if close
             else f"expected {_EXPECTED_MODEL}; bundled: {', '.join(names)}")
