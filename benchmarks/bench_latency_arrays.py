@@ -11,8 +11,8 @@ import time
 
 from opweave_planner.inputs.hardware import load_hardware
 from opweave_planner.inputs.model import load_model
+from opweave_planner.inputs.request import make_request
 from opweave_planner.latency import lookup
-from opweave_planner.search.space import SearchSpace
 from opweave_planner.structure.operators import build_sequence
 
 
@@ -23,7 +23,7 @@ def main() -> None:
     args = ap.parse_args()
     hw = load_hardware()
     seq = build_sequence(load_model(args.model))
-    grid = SearchSpace(gpus=("h100",)).microbatch_grid()
+    grid = make_request(model=args.model, slo="60ms", ctx=args.ctx).microbatch_grid()
     gpus = ("h100", "h200", "a100", "l40s")
     has_moe = any(op.kind == "moe_up" for op in seq.ops)
     pars = [lookup.Parallel(tp, ep) for tp in (1, 2, 4, 8) for ep in ((False, True) if has_moe and tp > 1 else (False,))]

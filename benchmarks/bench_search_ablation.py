@@ -21,19 +21,19 @@ import sys
 import time
 
 from opweave_planner import api
-from opweave_planner.plan import build_plan
+from opweave_planner.plan import build_plan, search_stats
 from opweave_planner.search.driver import make_context, run_search
 
 MODEL, CTX, SLO = "gemma-3-27b", "32k", "60ms"
 HARDWARE = (("H100", "h100"), ("H100+A100", "h100,a100"))
 VARIANTS = (("Full", True, True), ("No-PF", False, True), ("No-B&B", True, False), ("Neither", False, False))
-REDUCED = dict(max_owners=2, batches=(1, 2, 4, 8, 16, 32, 64, 128), max_replicas=2, tps=(1, 2, 4))
+REDUCED = dict(max_owners=2, batches=(1, 2, 4, 8, 16, 32, 64, 128), max_replicas=2, tensor_parallel_sizes=(1, 2, 4))
 
 
 def warm_up() -> float:
     t0 = time.perf_counter()
     req = api.make_request("llama-3.1-8b", "60ms", "8k", gpus="h100", max_owners=2, batches=(1, 2),
-                           max_replicas=1, tps=(1,))
+                           max_replicas=1, tensor_parallel_sizes=(1,))
     api.plan(req)
     return time.perf_counter() - t0
 
@@ -46,7 +46,11 @@ def run_variant(gpus: str, pareto: bool, bnb: bool, space: dict, jobs: int):
     t1 = time.perf_counter()
     outcome = run_search(ctx, jobs=jobs)
     t_search = time.perf_counter() - t1
-    plan = build_plan(ctx, outcome.best, outcome) if outcome.best else None
+    best = outcome.best
+    plan = None
+    if best:
+        plan, _ev = build_plan(ctx, best.template, best.selection, search_stats(req, outcome),
+                               scored_t_rtt_us=best.t_rtt_us)
     return outcome, plan, t_ctx, t_search
 
 
@@ -73,7 +77,7 @@ def main(argv=None) -> int:
         ref = None
         for vname, pf, bnb in variants:
             outcome, plan, t_ctx, t_search = run_variant(gpus, pf, bnb, space, args.jobs)
-            c = outcome.counters
+            c = outcome.counters._asdict()
             usd = plan.usd_per_million_tokens if plan else float("inf")
             tpot = plan.tpot_ms if plan else float("nan")
             print(f"{hname:<10} {vname:<8} {outcome.templates:>9} {c['candidates']:>12,} {c['simulations']:>12,} "

@@ -162,3 +162,37 @@ def test_calibration_option_conflicts_are_user_errors(args, needle):
     result = runner.invoke(app, ["ratio", *args])
     assert isinstance(result.exception, UserError)
     assert needle in str(result.exception)
+
+
+def _table_text(args, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_ratio_table_headers_carry_units(monkeypatch):
+    out = _table_text(["ratio", "--r", "4,8"], monkeypatch)
+    for header in ("tau_mf (cycles)", "tau_G (cycles)", "thr_mf (tokens/cycle/inst)", "r (A per F)"):
+        assert header in out
+    assert "alpha_a = 0.00165 cycles/token" in out and "beta_f = 100 cycles" in out
+    assert "tokens/cycle" in out.split("r*_mf", 1)[1].splitlines()[0]
+    assert "…" not in out  # a pipe is not 80 columns: nothing truncated
+
+
+def test_simulate_table_headers_carry_units(monkeypatch):
+    out = _table_text(["simulate", "--r", "1,2", "--batch", "16", "--requests", "600"], monkeypatch)
+    for header in ("throughput (tokens/cycle/inst)", "TPOT (cycles/token)", "T_80 (cycles)"):
+        assert header in out
+    assert "…" not in out
+
+
+def test_calibrated_tables_are_in_microseconds(monkeypatch):
+    out = _table_text(["ratio", "--model", "llama-3.1-8b", "--attn-gpu", "h100", "--r", "2"], monkeypatch)
+    assert "tau_mf (us)" in out and "beta (us)" in out and "us/token" in out and "us/request" in out
+    assert "RMSE (us)" in out
+
+
+def test_given_coefficients_are_in_their_own_unit(monkeypatch):
+    out = _table_text(["ratio", "--alpha-a", "1", "--r", "2"], monkeypatch)
+    assert "tau_mf (t)" in out and "the unit of the --alpha-*/--beta-* values given" in out

@@ -93,7 +93,7 @@ def test_load_trace_reads_columns_in_any_order(tmp_path):
         ("prompt,decode\n1,2.5\n", "line 2: decode length"),
         ("prompt,decode\n1,\n", "line 2: decode length"),
         ("prompt,decode\n1,2\n9\n", "line 3: expected 2 columns, got 1"),
-        ("prompt,output\n1,2\n", "missing column"),
+        ("prompt,output\n1,2\n", "unknown header"),
         ("prompt,decode\n", "no data rows"),
         ("", "empty file"),
     ],
@@ -112,3 +112,38 @@ def test_missing_trace_file_is_a_user_error(tmp_path):
 def test_bad_length_laws_are_rejected(kind, mean):
     with pytest.raises(UserError):
         LengthDist(kind, mean)
+
+
+def test_law_workload_matches_the_closed_form_and_samples_its_law():
+    from opweave_planner.afd.workload import workload_from_text
+
+    w = workload_from_text("geometric:100;out=geometric:500")
+    ref = ParametricWorkload(LengthDist("geometric", 100), LengthDist("geometric", 500))
+    assert w.theta == pytest.approx(ref.theta, rel=1e-6)
+    assert w.nu2 == pytest.approx(ref.nu2, rel=1e-6)
+    for law in ("geometric:100;out=geometric:500", "lognormal:mean=2k,cv=1.0;out=geometric:200",
+                "fixed:30;out=fixed:25"):
+        w = workload_from_text(law)
+        p, d, age = w.sample_stationary(np.random.default_rng(4), 400_000)
+        assert (age >= 0).all() and (age < d).all()
+        y = (p + age).astype(float)
+        assert y.mean() == pytest.approx(w.theta, rel=0.01)
+        assert y.var() == pytest.approx(w.nu2, rel=0.03)
+        fp, fd = w.sample(np.random.default_rng(4), 200_000)
+        assert fp.mean() == pytest.approx(w.mean_prompt, rel=0.01)
+        assert fd.mean() == pytest.approx(w.mean_decode, rel=0.01)
+        assert w.describe()["source"] == "law"
+
+
+def test_workload_from_text_reads_traces_like_load_trace(tmp_path):
+    from opweave_planner.afd.workload import workload_from_text
+
+    path = _write(tmp_path, "prompt_tokens,output_tokens\n10,4\n300,9\n5,1\n")
+    a, b = load_trace(path), workload_from_text(str(path))
+    np.testing.assert_array_equal(a.prompt, b.prompt)
+    np.testing.assert_array_equal(a.decode, b.decode)
+    assert (a.theta, a.nu2) == (b.theta, b.nu2)
+    s = workload_from_text(str(path), scale_ctx=400)
+    assert s.theta == pytest.approx(400, abs=0.5)
+    with pytest.raises(UserError, match="not supported"):
+        workload_from_text("fixed:10;out=fixed:2", max_model_len=100)

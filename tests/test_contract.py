@@ -25,7 +25,7 @@ from opweave_planner.errors import UserError
 from opweave_planner.plan import SCHEMA_VERSION, Infeasible, Plan, plan_bytes
 
 GOLDEN = Path(__file__).parent / "golden"
-SMALL = dict(max_owners=2, batches=(8, 16, 32, 64), max_replicas=2, tps=(1, 2))
+SMALL = dict(max_owners=2, batches=(8, 16, 32, 64), max_replicas=2, tensor_parallel_sizes=(1, 2))
 # The commands as the lead registers them (`opweave-plan schema|simulate|diff|regen`), with
 # the real entry point's error handling.
 

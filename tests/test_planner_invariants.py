@@ -20,7 +20,7 @@ from opweave_planner.inputs.hardware import load_hardware
 from opweave_planner.plan import plan_bytes
 from opweave_planner.schedule.reference import simulate_rtt
 
-SPACE = dict(max_owners=2, batches=(1, 2, 4, 8, 16, 32, 64), max_replicas=2, tps=(1, 2))
+SPACE = dict(max_owners=2, batches=(1, 2, 4, 8, 16, 32, 64), max_replicas=2, tensor_parallel_sizes=(1, 2))
 MODELS = ("llama-3.1-8b", "qwen3-30b-a3b")
 POLICIES = ("opweave", "colocated", "afd", "cad")
 SLOS = ("25ms", "40ms", "60ms", "120ms")

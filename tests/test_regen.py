@@ -72,19 +72,24 @@ def test_regen_cli_exit_codes_and_stale_files(matrix, tmp_path):
     out = tmp_path / "plans"
     r1 = cli("regen", "--matrix", str(matrix), "--out", str(out), "--jobs", "2")
     assert r1.returncode == 1 and "6 new" in r1.stdout, r1.stderr
-    (out / "old_entry.json").write_text("{}")
+    plan_file = sorted(out.glob("*.json"))[0]
+    (out / "old_entry.json").write_bytes(plan_file.read_bytes())  # a plan the matrix no longer lists
+    (out / "unrelated.json").write_text("{}")  # not ours: never reported, never pruned
     r2 = cli("regen", "--matrix", str(matrix), "--out", str(out))
     assert r2.returncode == 0 and "not in the matrix" in r2.stdout, r2.stderr
+    assert "unrelated" not in r2.stdout
+    assert r2.stderr.count("(unchanged)") == 6  # one line per entry
     r3 = cli("regen", "--matrix", str(matrix), "--out", str(out), "--prune")
     assert r3.returncode == 1 and not (out / "old_entry.json").exists()
+    assert (out / "unrelated.json").exists()
 
 
 @pytest.mark.parametrize("edit, needle", [
     (lambda s: s.replace('"llama-3.1-8b"', '"llama-9"'), "unknown model 'llama-9'"),
     (lambda s: s.replace('slos = ["30ms"]', 'slos = ["30"]'), "has no unit"),
-    (lambda s: s.replace("max_owners = 2", "max_owners = 0"), "space.max_owners must be a positive integer"),
+    (lambda s: s.replace("max_owners = 2", "max_owners = 0"), "--max-owners: input should be greater than or equal to 1"),
     (lambda s: s.replace('policies = ["colocated", "afd"]', 'policies = ["colocated", "colocated"]'), "duplicates"),
-    (lambda s: s + "\nbogus = 1\n", "unknown key(s) bogus"),
+    (lambda s: s + "\nbogus = 1\n", "unknown key 'bogus'"),
     (lambda s: s.replace('prices = "prices.toml"', 'prices = "missing.toml"'), "does not exist"),
     (lambda s: "[[entry", "is not valid TOML"),
 ])
@@ -101,12 +106,12 @@ def test_matrix_names_and_paths(matrix):
     tasks = load_matrix(matrix)
     assert [t.name for t in tasks][:2] == ["llama-3.1-8b_ctx8k_slo30ms_h100_colocated.json",
                                            "llama-3.1-8b_ctx8k_slo30ms_h100_afd.json"]
-    assert all(t.prices == str((matrix.parent / "prices.toml").resolve()) for t in tasks)
+    assert all(t.request.prices == str((matrix.parent / "prices.toml").resolve()) for t in tasks)
 
 
 def test_bundled_example_matrix_loads():
     tasks = load_matrix(Path(__file__).parents[1] / "examples" / "matrix.toml")
-    assert len(tasks) > 50 and len({t.model for t in tasks}) == 10
+    assert len(tasks) > 50 and len({t.request.model for t in tasks}) == 10
 
 
 # ----------------------------------------------------------------------------- executor

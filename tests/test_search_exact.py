@@ -5,7 +5,10 @@
 (b) The kernel's winner equals a plain-Python brute force over every
     (B, mu, owner points) combination, simulated with the reference simulator
     (``opweave_planner.schedule.reference.simulate_rtt``), with the documented
-    tie-break: minimum by (cost, GPUs, enumeration order).
+    tie-break: minimum by (cost, GPUs, enumeration order). The brute force has its
+    own enumeration but not its own physics: stage vectors, links, memory and cost
+    rates come from the one evaluator (``search.evaluate``), for both the cost and
+    the latency objective.
 
 Instances are built directly as kernel arrays. Latencies, prices, payloads and
 memory figures are small multiples of 1/2 so that exact cost ties are common,
@@ -22,16 +25,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from opweave_planner.schedule.reference import simulate_rtt as ref_simulate_rtt
-from opweave_planner.search.kernels import search_template
+from opweave_planner.search.evaluate import cost_rate, evaluate, owner_need
+from opweave_planner.search.problem import Problem, check_problem, selection, typed
+from opweave_planner.search.walk import search_template
 
 EPS = 1e-12  # the kernel's SLO margin
 REL = 1e-9
-
-
-def _range_sum(row, start, end):
-    if end > start:
-        return row[end] - row[start]
-    return row[-1] - row[start] + row[end]
 
 
 @st.composite
@@ -105,7 +104,8 @@ def instances(draw):
     bw = draw(st.sampled_from([1.0, 2.0, 4.0]))
     lat = draw(st.integers(0, 4)) / 2
     slo = draw(st.integers(4, 240)) / 2
-    return dict(stage_owner=owner, stage_start=start, stage_end=end, payload=payload, k=k, pref=pref,
+    lat_obj = draw(st.integers(0, 4)) == 0
+    return dict(latency_objective=lat_obj, stage_owner=owner, stage_start=start, stage_end=end, payload=payload, k=k, pref=pref,
                 wpref=wpref, kvpref=kvpref, cfg_tp=cfg_tp, cfg_price=cfg_price, cfg_mem=cfg_mem,
                 cfg_ws=cfg_ws, cfg_ok=cfg_ok, cfg_gpu=cfg_gpu, cfg_node=cfg_node,
                 cfg_intra_bw=cfg_intra_bw, intra_lat=intra_lat, mb_index=mb_index,
@@ -113,95 +113,85 @@ def instances(draw):
                 bw=bw, lat=lat, slo=slo)
 
 
+def problem_of(inst) -> Problem:
+    mb_grid = np.array([b for b in range(inst["mb_index"].size) if inst["mb_index"][b] >= 0], np.int64)
+    return check_problem(typed(Problem(
+        stage_owner=inst["stage_owner"], stage_start=inst["stage_start"], stage_end=inst["stage_end"],
+        payload=inst["payload"], k=inst["k"], pref=inst["pref"], mpref=np.zeros_like(inst["pref"]),
+        wpref=inst["wpref"], kvpref=inst["kvpref"], cfg_tp=inst["cfg_tp"], cfg_price=inst["cfg_price"],
+        cfg_mem=inst["cfg_mem"], cfg_ws=inst["cfg_ws"], cfg_ok=inst["cfg_ok"], cfg_gpu=inst["cfg_gpu"],
+        cfg_node=inst["cfg_node"], cfg_intra_bw=inst["cfg_intra_bw"], mb_grid=mb_grid,
+        mb_index=inst["mb_index"], batches=inst["batches"], max_mu=inst["max_mu"], max_rep=inst["max_rep"],
+        max_gpus=inst["max_gpus"], bw=inst["bw"], lat=inst["lat"], intra_lat=inst["intra_lat"],
+        slo=inst["slo"], latency_objective=inst.get("latency_objective", False))))
+
+
 def run_kernel(inst, use_pareto, use_bnb):
-    found, best_f, best_i, counters = search_template(
-        inst["stage_owner"], inst["stage_start"], inst["stage_end"], inst["payload"], inst["k"],
-        inst["pref"], inst["wpref"], inst["kvpref"], inst["cfg_tp"], inst["cfg_price"], inst["cfg_mem"],
-        inst["cfg_ws"], inst["cfg_ok"], inst["cfg_gpu"], inst["cfg_node"], inst["cfg_intra_bw"],
-        inst["mb_index"], inst["batches"], inst["max_mu"], inst["max_rep"], inst["max_gpus"],
-        inst["bw"], inst["lat"], inst["intra_lat"], inst["slo"], math.inf, use_pareto, use_bnb, False)
-    if not found:
+    res = search_template(problem_of(inst), math.inf, use_pareto, use_bnb)
+    if not res.found:
         return None
-    k = inst["k"]
-    ident = (int(best_i[0]), int(best_i[1]),
-             tuple((int(best_i[2 + 3 * o]), int(best_i[3 + 3 * o])) for o in range(k)))
-    return {"cost": float(best_f[0]), "t_rtt": float(best_f[1]), "gpus": float(best_f[2]), "ident": ident,
-            "counters": counters.copy()}
+    sel = res.selection
+    ident = (sel.batch, sel.mu, tuple((int(c), int(n)) for c, n in zip(sel.cfg, sel.replicas, strict=True)))
+    return {"cost": res.cost, "t_rtt": res.t_rtt, "gpus": res.gpus, "ident": ident,
+            "counters": np.array(res.counters)}
 
 
-def owner_points(inst, o, B, mu):
+def owner_points(prob, o, B, mu):
     """Memory-feasible points of owner o, in the kernel's sorted order."""
-    owner, start, end = inst["stage_owner"], inst["stage_start"], inst["stage_end"]
-    stages = [j for j in range(owner.size) if owner[j] == o]
+    stages = [j for j in range(prob.stage_owner.size) if prob.stage_owner[j] == o]
     pts = []
-    for c in range(inst["cfg_tp"].size):
-        if not inst["cfg_ok"][o, c]:
+    for c in range(prob.cfg_tp.size):
+        if not prob.cfg_ok[o, c]:
             continue
-        w = sum(_range_sum(inst["wpref"][c], start[j], end[j]) for j in stages)
-        kv = sum(_range_sum(inst["kvpref"][c], start[j], end[j]) for j in stages)
-        for n in range(1, inst["max_rep"] + 1):
+        for n in range(1, prob.max_rep + 1):
             if B % (mu * n):
                 continue
             bh = B // (mu * n)
-            m = inst["mb_index"][bh]
+            m = prob.mb_index[bh]
             if m < 0:
                 continue
-            if w + mu * bh * kv + bh * inst["cfg_ws"][c] > inst["cfg_mem"][c]:
+            if owner_need(prob, o, c, mu, bh) > prob.cfg_mem[c]:
                 continue
-            t = {j: _range_sum(inst["pref"][c, m], start[j], end[j]) for j in stages}
             tot = 0.0
             for j in stages:
-                tot += t[j]
-            tp = int(inst["cfg_tp"][c])
-            r = inst["cfg_price"][c] * tp / (mu * bh)
+                s, e = prob.stage_start[j], prob.stage_end[j]
+                row = prob.pref[c, m]
+                tot += row[e] - row[s] if e > s else row[-1] - row[s] + row[e]
+            tp = int(prob.cfg_tp[c])
+            r = cost_rate(prob, c, mu, bh)
             rho = tp / (mu * bh)
-            pts.append({"key": (r, rho, bh, tot, c, n), "c": c, "n": n, "bh": bh, "r": r, "rho": rho,
-                        "t": t, "tp": tp})
+            pts.append({"key": (r, rho, bh, tot, c, n), "c": c, "n": n, "m": int(m), "tp": tp})
     pts.sort(key=lambda p: p["key"])
     return pts
 
 
 def brute_force(inst):
     """Every feasible candidate in enumeration order, and the winner by (cost, GPUs, order)."""
-    owner, k, s = inst["stage_owner"], inst["k"], inst["stage_owner"].size
+    prob = problem_of(inst)
+    owner, k = prob.stage_owner, prob.k
     best = None
     feasible = []
     cache = {}
     for B in inst["batches"]:
         B = int(B)
-        for mu in range(1, inst["max_mu"] + 1):
+        for mu in range(1, prob.max_mu + 1):
             if B % mu:
                 continue
-            per_owner = [owner_points(inst, o, B, mu) for o in range(k)]
+            per_owner = [owner_points(prob, o, B, mu) for o in range(k)]
             for combo in itertools.product(*per_owner):
                 gpus = float(sum(p["tp"] * p["n"] for p in combo))
-                if gpus > inst["max_gpus"] + 1e-9:
+                if gpus > prob.max_gpus + 1e-9:
                     continue
-                t = [combo[owner[j]]["t"][j] for j in range(s)]
-                bw, lat = inst["bw"], inst["lat"]
-                types = {int(inst["cfg_gpu"][p["c"]]) for p in combo}
-                c0 = combo[0]["c"]
-                if k > 1 and len(types) == 1 and gpus <= inst["cfg_node"][c0]:
-                    bw, lat = inst["cfg_intra_bw"][c0], inst["intra_lat"]
-                occ, latv = [], []
-                for j in range(s):
-                    a, b = owner[j], owner[(j + 1) % s]
-                    if a != b:
-                        occ.append(inst["payload"][j] * max(combo[a]["bh"], combo[b]["bh"]) / bw)
-                        latv.append(lat)
-                    else:
-                        occ.append(0.0)
-                        latv.append(0.0)
-                key = (tuple(t), tuple(occ), tuple(latv), mu)
+                sel = selection(B, mu, [p["c"] for p in combo], [p["n"] for p in combo], [p["m"] for p in combo])
+                ev = evaluate(prob, sel)  # stage vectors, link, memory, rate: the one evaluator
+                key = (tuple(ev.t), tuple(ev.occ), tuple(ev.latv), mu)
                 if key not in cache:
-                    cache[key] = ref_simulate_rtt(list(owner), t, occ, latv, mu, k)
+                    cache[key] = ref_simulate_rtt(list(owner), list(ev.t), list(ev.occ), list(ev.latv), mu, k)
                 trtt = cache[key]
-                if trtt > inst["slo"] * (1 + EPS):
+                assert math.isclose(ev.t_rtt, trtt, rel_tol=1e-9, abs_tol=1e-12)
+                if trtt > prob.slo * (1 + EPS):
                     continue
-                rsum = 0.0
-                for p in combo:
-                    rsum += p["r"]
-                cost = trtt * rsum
+                cost = trtt * ev.rate
                 ident = (B, mu, tuple((p["c"], p["n"]) for p in combo))
                 feasible.append((cost, gpus, ident))
                 if best is None or cost < best[0] or (cost == best[0] and gpus < best[1] - 1e-9):

@@ -10,8 +10,10 @@ from itertools import groupby
 from typing import Any
 
 from opweave_planner.errors import UserError
+from opweave_planner.inputs import request, units
 from opweave_planner.inputs.hardware import Hardware, load_hardware
 from opweave_planner.inputs.model import ModelSpec, load_model
+from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.structure.blocks import detect_blocks
 from opweave_planner.structure.operators import OperatorSequence, build_sequence
 from opweave_planner.structure.templates import count_templates
@@ -90,32 +92,8 @@ def gpu_catalog(catalog: str | None = None, prices: str | None = None) -> Hardwa
     return load_hardware(catalog, prices)
 
 
-def parse_duration_ms(text: str, field: str = "--slo") -> float:
-    """'60ms', '0.06s', '60000us' -> milliseconds; a bare number is ambiguous."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|us|µs)\s*", str(text))
-    if not m:
-        if re.fullmatch(r"\s*[0-9]*\.?[0-9]+\s*", str(text)):
-            raise UserError(f"{field}: '{text}' has no unit; write e.g. 60ms, 0.06s or 60000us")
-        raise UserError(f"{field}: '{text}' is not a duration; expected e.g. 60ms, 0.06s or 60000us")
-    value = float(m.group(1)) * {"ms": 1.0, "s": 1e3, "us": 1e-3, "µs": 1e-3}[m.group(2)]
-    if value <= 0:
-        raise UserError(f"{field}: '{text}' must be positive")
-    return value
-
-
-def parse_tokens(text: str, field: str = "--ctx") -> int:
-    """'32k' -> 32768, '131072' -> 131072."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]+)\s*([kKmM]?)\s*", str(text))
-    if not m:
-        raise UserError(f"{field}: '{text}' is not a token count; expected e.g. 32k or 131072")
-    value = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
-    if value <= 0:
-        raise UserError(f"{field}: '{text}' must be positive")
-    return value
+parse_duration_ms = units.parse_duration_ms
+parse_tokens = units.parse_tokens
 
 
 def default_gpus(hw: Hardware, profiles_dir: str | None = None) -> tuple[str, ...]:
@@ -127,42 +105,29 @@ def default_gpus(hw: Hardware, profiles_dir: str | None = None) -> tuple[str, ..
     return tuple(g for g in hw.ids() if g in have)
 
 
-def make_request(model: str, slo: str | float, ctx: str | int, gpus: str | None = None,
-                 policy: str = "opweave", catalog: str | None = None, prices: str | None = None,
-                 profiles_dir: str | None = None, backend: str = "vllm", pareto: bool = True,
-                 bnb: bool = True, network_gbps: float | None = None,
-                 network_latency_us: float | None = None, reserve_gb: float | None = None,
-                 **space_kw):
-    """Validate user-level inputs into a SearchRequest."""
-    from opweave_planner.policies import POLICIES
-    from opweave_planner.search.space import SearchRequest, SearchSpace
+def resolve_request(req: PlanRequest) -> PlanRequest:
+    """Check the request against its model and catalog; name GPU types by catalog id.
 
-    spec = load_model(model)  # fail early with a clear message
-    hw = load_hardware(catalog, prices)
-    slo_ms = slo if isinstance(slo, (int, float)) else parse_duration_ms(slo)
-    context = ctx if isinstance(ctx, int) else parse_tokens(ctx)
-    if spec.max_context and context > spec.max_context:
-        raise UserError(f"--ctx: {context} tokens exceeds {spec.name}'s max_position_embeddings "
+    An empty `gpus` becomes every profiled type, aliases become ids, and a context beyond the
+    model's window is rejected, so two requests for the same search compare equal.
+    """
+    spec = load_model(req.model)  # fail early with a clear message
+    hw = load_hardware(req.catalog, req.prices)
+    if spec.max_context and req.ctx > spec.max_context:
+        raise UserError(f"--ctx: {req.ctx} tokens exceeds {spec.name}'s max_position_embeddings "
                         f"({spec.max_context})")
-    if policy not in POLICIES:
-        raise UserError(f"--policy: unknown policy '{policy}'; expected one of {', '.join(POLICIES)}")
-    if gpus:
-        ids = tuple(dict.fromkeys(hw.resolve(g).id for g in gpus.split(",") if g.strip()))
+    if req.gpus:
+        ids = tuple(dict.fromkeys(hw.resolve(g).id for g in req.gpus))
     else:
-        ids = default_gpus(hw, profiles_dir)
+        ids = default_gpus(hw, req.profiles)
     if not ids:
         raise UserError("--gpus: no GPU type selected; expected e.g. h100 or h100,a100")
-    if network_gbps is not None and network_gbps <= 0:
-        raise UserError("--network-bandwidth: must be positive")
-    if network_latency_us is not None and network_latency_us < 0:
-        raise UserError("--network-latency: must be non-negative")
-    if reserve_gb is not None and reserve_gb < 0:
-        raise UserError("--reserve-gb: must be non-negative")
-    space = SearchSpace(gpus=ids, policy=policy, **space_kw)
-    return SearchRequest(model=model, context=context, slo_ms=float(slo_ms), space=space,
-                         catalog=catalog, prices=prices, profiles_dir=profiles_dir, backend=backend,
-                         network_gbps=network_gbps, network_latency_us=network_latency_us,
-                         reserve_gb=reserve_gb, use_pareto=pareto, use_bnb=bnb)
+    return req.model_copy(update={"gpus": ids})
+
+
+def make_request(model=None, slo=None, ctx=None, **values) -> PlanRequest:
+    """Validate user-level settings (PlanRequest field names) into a resolved PlanRequest."""
+    return resolve_request(request.make_request(model=model, slo=slo, ctx=ctx, **values))
 
 
 def _infeasible_reason(ctx, jobs: int) -> str:
@@ -173,35 +138,44 @@ def _infeasible_reason(ctx, jobs: int) -> str:
     relaxed = run_search(ctx, jobs=jobs, slo_ms=float("inf"), latency_objective=True)
     if relaxed.best is None:
         seq = ctx.seq
-        kv = seq.kv_bytes(req.context) / 2**30
+        kv = seq.kv_bytes(req.ctx) / 2**30
         w = seq.weight_bytes() / 2**30
-        budget = req.space.max_gpus
+        budget = req.max_gpus
         arr = ctx.arrays
         usable = [(arr.cfg_mem[i] * c.parallel.tp, c) for i, c in enumerate(arr.configs) if c.parallel.tp <= budget]
         best_bytes, best_cfg = max(usable, key=lambda x: x[0], default=(0.0, None))
         group = f"{best_cfg.gpu.id} x{best_cfg.parallel.tp}" if best_cfg else "none"
         return (f"no memory-feasible plan within {budget} GPUs: weights are {w:.1f} GiB and one "
-                f"request's KV/state at {req.context} tokens is {kv:.2f} GiB, while the largest device "
+                f"request's KV/state at {req.ctx} tokens is {kv:.2f} GiB, while the largest device "
                 f"group allowed ({group}) has {best_bytes / 2**30:.0f} GiB usable after the per-GPU reserve "
-                f"(policy {req.space.policy})")
+                f"(policy {req.policy.value})")
     fastest = relaxed.best.t_rtt_us / 1e3
     return (f"the lowest achievable TPOT is {fastest:.1f} ms > SLO {req.slo_ms:g} ms "
-            f"(policy {req.space.policy}, GPUs {','.join(req.space.gpus)})")
+            f"(policy {req.policy.value}, GPUs {','.join(req.gpus)})")
 
 
-def plan(req, jobs: int = 1, progress=None):
+def plan(req: PlanRequest, jobs: int = 1, progress=None):
     """Run the search; return (Plan, None) or (None, Infeasible)."""
-    from opweave_planner.plan import SCHEMA_VERSION, Infeasible, Workload, build_plan
+    from opweave_planner.plan import (
+        Infeasible,
+        Workload,
+        build_plan,
+        schema_version_for,
+        search_stats,
+    )
     from opweave_planner.search.driver import make_context, run_search
 
     ctx = make_context(req)
     outcome = run_search(ctx, jobs=jobs, progress=progress)
+    stats = search_stats(req, outcome)
     if outcome.best is None:
         reason = _infeasible_reason(ctx, jobs)
-        return None, Infeasible(schema_version=SCHEMA_VERSION, model=ctx.seq.model.name,
-                                workload=Workload(context_tokens=req.context, tpot_slo_ms=req.slo_ms),
-                                policy=req.space.policy, reason=reason)
-    return build_plan(ctx, outcome.best, outcome), None
+        return None, Infeasible(schema_version=schema_version_for(stats.space), model=ctx.seq.model.name,
+                                workload=Workload(context_tokens=req.ctx, tpot_slo_ms=req.slo_ms),
+                                policy=str(req.policy.value), reason=reason)
+    best = outcome.best
+    doc, _ev = build_plan(ctx, best.template, best.selection, stats, scored_t_rtt_us=best.t_rtt_us)
+    return doc, None
 
 
 SHOW_MICROBATCHES = (1, 4, 16, 64, 256)
@@ -218,7 +192,7 @@ def profile_table(model: str, gpu: str, tp: int, ctx: str | int, microbatches=SH
     g = hw.resolve(gpu, "--gpu")
     if tp not in (1, 2, 4, 8) or tp > g.gpus_per_node:
         raise UserError(f"--tp: {tp} not supported on {g.id}; expected 1, 2, 4 or 8 within a node")
-    context = ctx if isinstance(ctx, int) else parse_tokens(ctx)
+    context = parse_tokens(ctx)
     seq = build_sequence(spec)
     lat = op_latencies(seq, g, Parallel(tp, moe_ep), context, tuple(microbatches), profiles_dir, backend)
     rows: dict[tuple, dict[str, Any]] = {}

@@ -23,36 +23,20 @@ opweave can use any single type, so its ratio to the best homogeneous plan is
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from opweave_planner.errors import UserError
 from opweave_planner.executor import make_executor
+from opweave_planner.inputs import units
 
 POLICY_ORDER = ("opweave", "colocated", "afd", "cad")
 BASELINES = ("colocated", "afd", "cad")
 MIB = 2**20
 
 
-def parse_bandwidth_gbps(text: str, field: str = "--network-bandwidth") -> float:
-    """'4GBps', '4GB/s', '4' -> 4.0 GB/s; '100Gbps', '100Gb/s' -> 12.5 GB/s (bits)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(GBps|GB/s|GB|Gbps|Gb/s|Gbit/s)?\s*", str(text))
-    if not m:
-        raise UserError(f"{field}: '{text}' is not a bandwidth; expected e.g. 4GBps, 4GB/s or 100Gbps")
-    value = float(m.group(1))
-    if m.group(2) in ("Gbps", "Gb/s", "Gbit/s"):
-        value /= 8.0
-    if value <= 0:
-        raise UserError(f"{field}: '{text}' must be positive")
-    return value
-
-
-def parse_latency_us(text: str, field: str = "--network-latency") -> float:
-    """'5us', '0.2ms' -> microseconds."""
-    from opweave_planner.api import parse_duration_ms
-
-    return parse_duration_ms(text, field) * 1e3
+parse_bandwidth_gbps = units.parse_bandwidth_gbps
+parse_latency_us = units.parse_latency_us
 
 
 def split_list(text: str | Sequence[Any] | None) -> list[Any]:
@@ -79,8 +63,7 @@ def network_grid(latencies_us: Sequence[float], bandwidths_gbps: Sequence[float]
     return [(None, la) for la in lat] + [(b, None) for b in bw]
 
 
-def _label_tokens(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
+_label_tokens = units.label_tokens
 
 
 def _f(x: Any) -> float | None:
@@ -94,6 +77,8 @@ def _f(x: Any) -> float | None:
 
 def plan_entry(plan, infeasible) -> dict[str, Any]:
     """One policy's outcome in a cell, as plain data."""
+    from opweave_planner.report import measured_share
+
     if plan is None:
         return {"feasible": False, "usd_per_million_tokens": None, "reason": infeasible.reason}
     mix: dict[str, int] = {}
@@ -113,6 +98,7 @@ def plan_entry(plan, infeasible) -> dict[str, Any]:
         "price_weighted_occupancy": _f(plan.metrics.price_weighted_occupancy),
         "per_gpu_batch": _f(plan.metrics.per_gpu_batch),
         "critical_resource": plan.metrics.critical_resource,
+        "measured_share": _f(measured_share(plan.stages)),
     }
 
 
@@ -148,16 +134,15 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
             networks: Sequence[tuple[float | None, float | None]] | None = None,
             jobs: int = 1, homogeneous: bool = True, ray_address: str | None = None, retries: int = 1,
             progress: Callable[[str], None] | None = None, cache: dict | None = None,
-            **space_kw) -> dict[str, Any]:
+            **settings) -> dict[str, Any]:
     """Run every policy for every (context, SLO[, network]) cell; return plain data.
 
     `networks` is a list of (GB/s, latency us) pairs (None = planner default);
     every policy is re-optimized for each. With several GPU types in `gpus` and
     opweave among the policies, homogeneous opweave is also run per type
-    (`homogeneous=False` skips it). Extra keyword arguments go to SearchSpace
-    (max_owners, batches, max_replicas, max_gpus, ...) and to make_request
-    (catalog, prices, profiles_dir, backend). `cache` (a dict the caller
-    keeps) memoizes outcomes by SearchRequest across calls, e.g. to reuse the
+    (`homogeneous=False` skips it). Extra keyword arguments are PlanRequest
+    settings (max_owners, batches, max_gpus, catalog, prices, profiles, ...).
+    `cache` (a dict the caller keeps) memoizes outcomes by PlanRequest across calls, e.g. to reuse the
     homogeneous H100 searches of one grid in the heterogeneous ones.
     """
     from opweave_planner import api
@@ -168,7 +153,7 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
     for p in pols:
         if p not in POLICY_ORDER:
             raise UserError(f"--policies: unknown policy '{p}'; expected one of {', '.join(POLICY_ORDER)}")
-    ctx_list = [c if isinstance(c, int) else api.parse_tokens(c) for c in split_list(contexts)]
+    ctx_list = [api.parse_tokens(c) for c in split_list(contexts)]
     slo_list = [float(s) if isinstance(s, (int, float)) else api.parse_duration_ms(s) for s in split_list(slos)]
     if not ctx_list:
         raise UserError("--ctx: expected at least one context length, e.g. 8k,32k")
@@ -176,25 +161,25 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
         raise UserError("--slo: expected at least one SLO, e.g. 25ms,60ms")
     nets = list(networks) if networks else [(None, None)]
     # resolve GPU ids once (validates names; default = every profiled type)
-    probe = api.make_request(model, float(slo_list[0]), int(ctx_list[0]), gpus=gpus, policy=pols[0],
-                             **space_kw)
-    gpu_ids = list(probe.space.gpus)
+    probe = api.make_request(model=model, slo=float(slo_list[0]), ctx=int(ctx_list[0]), gpus=gpus,
+                             policy=pols[0], **settings)
+    gpu_ids = list(probe.gpus)
     hetero = len(gpu_ids) > 1 and homogeneous and "opweave" in pols
-    space = probe.space
+
+    def request(slo, ctx, gbps, lat, gpus, policy):
+        return probe.model_copy(update={"slo": float(slo), "ctx": int(ctx), "gpus": tuple(gpus),
+                                        "policy": type(probe.policy)(policy), "network_bandwidth": gbps,
+                                        "network_latency": lat})
 
     # every independent search of the grid, in a fixed order; run them through one executor
     layout = []  # (network, ctx, slo, {policy: request}, {gpu: request} | None)
     for gbps, lat in nets:
         for ctx in ctx_list:
             for slo in slo_list:
-                reqs = {pol: api.make_request(model, float(slo), int(ctx), gpus=",".join(gpu_ids), policy=pol,
-                                              network_gbps=gbps, network_latency_us=lat, **space_kw)
-                        for pol in pols}
+                reqs = {pol: request(slo, ctx, gbps, lat, gpu_ids, pol) for pol in pols}
                 homo = None
                 if hetero:
-                    homo = {g: api.make_request(model, float(slo), int(ctx), gpus=g, policy="opweave",
-                                                network_gbps=gbps, network_latency_us=lat, **space_kw)
-                            for g in gpu_ids}
+                    homo = {g: request(slo, ctx, gbps, lat, [g], "opweave") for g in gpu_ids}
                 layout.append(((gbps, lat), ctx, slo, reqs, homo))
     todo = []
     for _net, _ctx, _slo, reqs, homo in layout:
@@ -203,8 +188,21 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
                 todo.append(req)
     if progress:
         progress(f"{len(todo)} searches on {executor_label(jobs, ray_address)}")
-    results = make_executor(jobs, ray_address, retries).map(
-        search_entry, todo, [f"{r.space.policy} {r.space.gpus} {r.context} {r.slo_ms}" for r in todo])
+    keys = [f"{r.model} {units.label_tokens(r.ctx)} {r.slo_ms:g}ms {r.policy.value} {'+'.join(r.gpus)}"
+            for r in todo]
+    finished = [0]
+
+    def on_result(res) -> None:
+        from opweave_planner.report import entry_line
+
+        finished[0] += 1
+        if progress:
+            e = res.value if res.ok else {}
+            progress(entry_line(finished[0], len(todo), res.key, e.get("usd_per_million_tokens"),
+                                tpot_ms=e.get("tpot_ms"), measured=e.get("measured_share"),
+                                reason=e.get("reason") if res.ok else res.error))
+
+    results = make_executor(jobs, ray_address, retries).map(search_entry, todo, keys, on_result=on_result)
     done: dict = dict(cache) if cache is not None else {}
     for req, res in zip(todo, results, strict=True):
         if not res.ok:
@@ -245,11 +243,8 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
         "contexts": [int(c) for c in ctx_list],
         "slos_ms": [float(s) for s in slo_list],
         "networks": [{"gbps": _f(b), "latency_us": _f(la)} for b, la in nets],
-        "space": {
-            "tps": list(space.tps), "batches": list(space.batches), "max_owners": space.max_owners,
-            "max_microbatches": space.max_microbatches, "max_replicas": space.max_replicas,
-            "max_gpus": space.max_gpus, "moe_expert_parallel": space.moe_expert_parallel,
-        },
+        "space": {k: (list(v) if isinstance(v, tuple) else v) for k, v in probe.space_record().items()
+                  if k != "gpus"},
         "cells": cells,
         "summary": {
             "max_ratio": max(ratios) if ratios else None,

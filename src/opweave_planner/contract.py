@@ -249,8 +249,9 @@ _PROVENANCE_INPUTS = (("model_sha256", "model"), ("catalog_sha256", "catalog"), 
                       ("backend", "backend"), ("tool_version", "tool_version"))
 
 
-def _hardware(plan: Plan, catalog: str | None, prices: str | None, network: dict[str, float | None]):
-    """Catalog in effect: the plan's recorded prices and network, then the overrides given."""
+def _hardware(plan: Plan, req):
+    """Catalog in effect: the plan's recorded prices (unless --prices names a GPU), the
+    request's network (the plan's own unless overridden)."""
     from opweave_planner.inputs.hardware import (
         Network,
         load_hardware,
@@ -258,11 +259,11 @@ def _hardware(plan: Plan, catalog: str | None, prices: str | None, network: dict
         read_table_file,
     )
 
-    hw = load_hardware(catalog, prices)
+    hw = load_hardware(req.catalog, req.prices)
     named: set[str] = set()
-    if prices:
+    if req.prices:
         aliases = {a: g.id for g in hw.gpus for a in (g.id, *g.aliases)}
-        named = set(parse_prices(read_table_file(prices, "--prices"), hw.ids(), aliases, prices))
+        named = set(parse_prices(read_table_file(req.prices, "--prices"), hw.ids(), aliases, req.prices))
     ids = set(hw.ids())
     recorded = plan.provenance.prices_usd_per_gpu_hour
     gpus = []
@@ -276,66 +277,80 @@ def _hardware(plan: Plan, catalog: str | None, prices: str | None, network: dict
     hw = hw.model_copy(update={"gpus": tuple(gpus)})
     net = {k: v for k, v in plan.provenance.network.items() if k in Network.model_fields}
     hw = hw.model_copy(update={"network": Network(**net)})
-    return hw.with_network(**network)
+    return hw.with_network(inter_node_gbps=req.network_bandwidth, inter_node_latency_us=req.network_latency)
 
 
-def evaluate_plan(plan: Plan, *, where: str = "plan", prices: str | None = None, catalog: str | None = None,
-                  profiles_dir: str | None = None, network_gbps: float | None = None,
-                  network_latency_us: float | None = None, model: str | None = None) -> Evaluation:
-    """Re-simulate `plan`'s placement (no search) under new prices / network / profiles.
+def recorded_request(plan: Plan | Infeasible, **overrides: Any):
+    """The PlanRequest a plan file records (model, workload, policy, searched space, backend,
+    network), with `overrides` (PlanRequest field names; None = keep the plan's)."""
+    from opweave_planner.inputs.request import make_request
 
-    Defaults are the plan's own recorded prices and network, the shipped catalog and profiles,
-    so an unchanged plan under unchanged inputs reproduces its figures exactly.
-    """
-    from opweave_planner.inputs.model import load_model
-    from opweave_planner.plan import build_plan, owner_memory
-    from opweave_planner.search.arrays import build_arrays, stage_arrays
-    from opweave_planner.search.driver import Candidate, Context, Owner
-    from opweave_planner.search.space import SearchRequest, SearchSpace
-    from opweave_planner.structure.operators import build_sequence
-    from opweave_planner.structure.templates import expand
+    values: dict[str, Any] = {"model": plan.model, "slo": plan.workload.tpot_slo_ms,
+                              "ctx": plan.workload.context_tokens, "policy": plan.policy}
+    if isinstance(plan, Plan):
+        values.update(plan.search.space.model_dump())
+        net = plan.provenance.network
+        values.update(backend=plan.provenance.backend, network_bandwidth=net.get("inter_node_gbps"),
+                      network_latency=net.get("inter_node_latency_us"))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return make_request(**values)
 
-    if network_gbps is not None and network_gbps <= 0:
-        raise UserError("--network-bandwidth: must be positive")
-    if network_latency_us is not None and network_latency_us < 0:
-        raise UserError("--network-latency: must be non-negative")
-    seq = build_sequence(load_model(model or plan.model))
-    tmpl = check_against_model(plan, seq, where)
-    hw = _hardware(plan, catalog, prices, {"inter_node_gbps": network_gbps,
-                                           "inter_node_latency_us": network_latency_us})
-    rec = plan.search.space
-    own_gpus = tuple(dict.fromkeys(o.gpu for o in plan.owners))
-    space = SearchSpace(
-        gpus=own_gpus, tps=tuple(sorted({o.tensor_parallel for o in plan.owners})),
-        batches=(plan.global_batch,), max_owners=len(plan.owners), max_microbatches=plan.microbatches,
-        max_replicas=max(o.replicas for o in plan.owners), max_gpus=max(rec.max_gpus, plan.gpus_total),
-        moe_expert_parallel=any(o.expert_parallel > 1 for o in plan.owners), policy=plan.policy)
-    backend = plan.provenance.backend
-    req = SearchRequest(model=model or plan.model, context=plan.workload.context_tokens,
-                        slo_ms=plan.workload.tpot_slo_ms, space=space, catalog=catalog, prices=prices,
-                        profiles_dir=profiles_dir, backend=backend, reserve_gb=rec.memory_reserve_gb)
-    arrays = build_arrays(seq, hw, space.gpus, space.tps, space.moe_expert_parallel, req.context,
-                          space.microbatch_grid(), profiles_dir, backend, rec.memory_reserve_gb)
-    owners = []
+
+def plan_selection(plan: Plan, arrays, where: str, model_name: str):
+    """The Selection a plan file describes, in the configuration arrays built for its owners."""
+    from opweave_planner.search.problem import selection
+
+    cfg, mb = [], []
     for o in plan.owners:
         ep = o.expert_parallel > 1
-        match = [c for c, cfg in enumerate(arrays.configs)
-                 if cfg.gpu.id == o.gpu and cfg.parallel.tp == o.tensor_parallel and cfg.parallel.moe_ep == ep]
+        match = [c for c, conf in enumerate(arrays.configs)
+                 if conf.gpu.id == o.gpu and conf.parallel.tp == o.tensor_parallel and conf.parallel.moe_ep == ep]
         if not match:
             raise UserError(f"{where}: owner {o.index} ({o.gpu} TP{o.tensor_parallel}, EP{o.expert_parallel}) "
-                            f"is not a configuration {seq.model.name} can run")
-        owners.append(Owner(match[0], o.replicas, int(arrays.mb_index[o.microbatch])))
-    cand = Candidate(0, tmpl, 0.0, 0.0, plan.gpus_total, plan.num_stages, plan.global_batch,
-                     plan.microbatches, tuple(owners))
-    ctx = Context(req, hw, seq, arrays, [tmpl])
-    new = build_plan(ctx, cand, None, search=plan.search)
-    memory = owner_memory(arrays, stage_arrays(seq, expand(seq, tmpl)), cand)
+                            f"is not a configuration {model_name} can run")
+        if o.microbatch not in arrays.mb_grid:
+            raise UserError(f"{where}: owners[{o.index}].microbatch {o.microbatch} is not global_batch / "
+                            f"(microbatches x replicas)")
+        cfg.append(match[0])
+        mb.append(arrays.mb_grid.index(o.microbatch))
+    return selection(plan.global_batch, plan.microbatches, cfg, [o.replicas for o in plan.owners], mb)
+
+
+def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evaluation:
+    """Re-simulate `plan`'s placement (no search) under new prices / network / profiles.
+
+    `overrides` are PlanRequest settings (prices, catalog, profiles, network_bandwidth,
+    network_latency, model). Defaults are the plan's own recorded prices and network, the
+    shipped catalog and profiles, so an unchanged plan under unchanged inputs reproduces its
+    figures exactly.
+    """
+    from opweave_planner.inputs.model import load_model
+    from opweave_planner.plan import build_plan
+    from opweave_planner.search.arrays import build_arrays
+    from opweave_planner.search.driver import Context
+    from opweave_planner.structure.operators import build_sequence
+
+    req = recorded_request(plan, **overrides)
+    seq = build_sequence(load_model(req.model))
+    tmpl = check_against_model(plan, seq, where)
+    hw = _hardware(plan, req)
+    # the configuration arrays of exactly the plan's owners
+    own = req.model_copy(update={
+        "gpus": tuple(dict.fromkeys(o.gpu for o in plan.owners)),
+        "tensor_parallel_sizes": tuple(sorted({o.tensor_parallel for o in plan.owners})),
+        "batches": (plan.global_batch,), "max_microbatches": plan.microbatches,
+        "max_replicas": max(o.replicas for o in plan.owners),
+        "moe_expert_parallel": any(o.expert_parallel > 1 for o in plan.owners)})
+    arrays = build_arrays(seq, hw, own)
+    sel = plan_selection(plan, arrays, where, seq.model.name)
+    new, ev = build_plan(Context(own, hw, seq, arrays, [tmpl]), tmpl, sel, plan.search)
+    memory = [(float(n), float(u)) for n, u in zip(ev.memory_need, ev.memory_usable, strict=True)]
     changed = [label for key, label in _PROVENANCE_INPUTS
                if getattr(plan.provenance, key) != getattr(new.provenance, key)]
     return Evaluation(
         plan=new, previous=plan,
         meets_slo=new.tpot_ms <= plan.workload.tpot_slo_ms * (1 + 1e-12),
-        fits_memory=all(need <= usable for need, usable in memory),
+        fits_memory=ev.fits_memory,
         memory=memory, inputs_changed=changed,
     )
 

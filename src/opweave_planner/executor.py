@@ -16,12 +16,13 @@ others down twice. On Ray, retries are Ray's own (`max_retries` for lost workers
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opweave_planner.errors import UserError
+from opweave_planner.procs import process_pool
 
 LOST = "worker process died (lost task)"
 
@@ -40,7 +41,8 @@ class Executor(Protocol):
     name: str
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any],
-            keys: Sequence[str] | None = None) -> list[TaskResult]: ...
+            keys: Sequence[str] | None = None,
+            on_result: Callable[[TaskResult], None] | None = None) -> list[TaskResult]: ...
 
 
 def _describe(exc: BaseException) -> str:
@@ -61,9 +63,12 @@ class LocalExecutor:
         self.jobs, self.retries = jobs, retries
         self.name = "in-process" if jobs == 1 else f"{jobs} local processes"
 
-    def map(self, fn, items, keys=None) -> list[TaskResult]:
+    def map(self, fn, items, keys=None, on_result=None) -> list[TaskResult]:
+        """`on_result(TaskResult)` runs here, in the calling process, as each task ends (for
+        progress lines); a failed task is reported once its retries are spent."""
         keys = list(keys) if keys is not None else [str(i) for i in range(len(items))]
         results: list[TaskResult | None] = [None] * len(items)
+        done = on_result or (lambda _r: None)
         if self.jobs == 1:
             for i, item in enumerate(items):
                 for attempt in range(1, self.retries + 2):
@@ -72,14 +77,16 @@ class LocalExecutor:
                         break
                     except Exception as exc:  # a task's failure is reported, not raised
                         results[i] = TaskResult(i, keys[i], False, error=_describe(exc), attempts=attempt)
+                done(results[i])
             return results  # type: ignore[return-value]
         failed: list[int] = []
-        with ProcessPoolExecutor(max_workers=min(self.jobs, max(1, len(items)))) as pool:
+        with process_pool(min(self.jobs, max(1, len(items)))) as pool:
             futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
             for fut in as_completed(futures):
                 i = futures[fut]
                 try:
                     results[i] = TaskResult(i, keys[i], True, fut.result())
+                    done(results[i])
                 except BrokenProcessPool:
                     results[i] = TaskResult(i, keys[i], False, error=LOST)
                     failed.append(i)
@@ -87,17 +94,21 @@ class LocalExecutor:
                     results[i] = TaskResult(i, keys[i], False, error=_describe(exc))
                     failed.append(i)
         for i in sorted(failed):
-            for attempt in range(2, self.retries + 2):
-                with ProcessPoolExecutor(max_workers=1) as pool:
-                    try:
-                        results[i] = TaskResult(i, keys[i], True, pool.submit(fn, items[i]).result(),
-                                                attempts=attempt)
-                        break
-                    except BrokenProcessPool:
-                        results[i] = TaskResult(i, keys[i], False, error=LOST, attempts=attempt)
-                    except Exception as exc:
-                        results[i] = TaskResult(i, keys[i], False, error=_describe(exc), attempts=attempt)
+            self._retry(fn, items, keys, results, i)
+            done(results[i])
         return results  # type: ignore[return-value]
+
+    def _retry(self, fn, items, keys, results, i) -> None:
+        for attempt in range(2, self.retries + 2):
+            with process_pool(1) as pool:
+                try:
+                    results[i] = TaskResult(i, keys[i], True, pool.submit(fn, items[i]).result(),
+                                            attempts=attempt)
+                    return
+                except BrokenProcessPool:
+                    results[i] = TaskResult(i, keys[i], False, error=LOST, attempts=attempt)
+                except Exception as exc:
+                    results[i] = TaskResult(i, keys[i], False, error=_describe(exc), attempts=attempt)
 
 
 class RayExecutor:
@@ -115,7 +126,7 @@ class RayExecutor:
         self.address, self.retries = address, retries
         self.name = f"Ray ({address})"
 
-    def map(self, fn, items, keys=None) -> list[TaskResult]:
+    def map(self, fn, items, keys=None, on_result=None) -> list[TaskResult]:
         import logging
 
         import ray
@@ -144,6 +155,8 @@ class RayExecutor:
                 except rex.RayError as exc:  # worker crashed, node died, object lost
                     results.append(TaskResult(i, keys[i], False, error=f"{LOST}: {type(exc).__name__}",
                                               attempts=self.retries + 1))
+                if on_result:
+                    on_result(results[-1])
             return results
         finally:
             if started:

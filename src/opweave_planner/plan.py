@@ -11,8 +11,8 @@ generated from these models by `opweave_planner.contract.plan_schema`.
 from __future__ import annotations
 
 import hashlib
+from enum import IntEnum
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from opweave_planner import __version__
@@ -20,7 +20,10 @@ from opweave_planner.atomic import write_atomic  # noqa: F401  (re-exported for 
 from opweave_planner.data import profiles_root
 from opweave_planner.report import dumps
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
+# Keys added after 1.0, with the MINOR that introduced them: a file is stamped with the lowest
+# version whose schema covers the keys it actually carries, so old readers keep reading it.
+_MINOR_KEYS = (("max_stages", 2),)
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -103,6 +106,8 @@ class SpaceOut(_Frozen):
     max_microbatches: int = _f("Most microbatches in flight", ge=1)
     max_replicas: int = _f("Most replicas per owner", ge=1)
     max_gpus: int = _f("GPU budget of a plan", ge=1)
+    max_stages: int | None = _f("Most pipeline stages a plan may have (absent: no limit); added in "
+                                "schema 1.2", default=None, ge=1)
     moe_expert_parallel: bool = _f("Expert-parallel variants searched for MoE owners")
     memory_reserve_gb: float = _f("Per-GPU memory held back for framework/CUDA context, GiB", ge=0)
 
@@ -207,125 +212,119 @@ def provenance(hw, seq, gpus, profiles_dir: str | None, backend: str) -> Provena
 
 
 def space_record(req) -> SpaceOut:
-    from opweave_planner.search.arrays import DEFAULT_RESERVE_GB
-
-    sp = req.space
-    return SpaceOut(gpus=list(sp.gpus), tensor_parallel_sizes=list(sp.tps), batches=list(sp.batches),
-                    max_owners=sp.max_owners, max_microbatches=sp.max_microbatches,
-                    max_replicas=sp.max_replicas, max_gpus=sp.max_gpus,
-                    moe_expert_parallel=sp.moe_expert_parallel,
-                    memory_reserve_gb=DEFAULT_RESERVE_GB if req.reserve_gb is None else req.reserve_gb)
+    return SpaceOut(**{**req.space_record(), "gpus": list(req.gpus)})
 
 
-def owner_memory(arrays, st, cand) -> list[tuple[float, float]]:
-    """Per owner: (bytes needed per GPU, usable bytes per GPU), as the search's memory check."""
-    from opweave_planner.search.kernels import _range_sum
+def schema_version_for(space: SpaceOut) -> str:
+    """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction)."""
+    minor = 1
+    for key, since in _MINOR_KEYS:
+        if getattr(space, key) is not None:
+            minor = max(minor, since)
+    return f"{SCHEMA_MAJOR}.{minor}"
 
+
+class CriticalResource(IntEnum):
+    """What binds the round trip (the simulator's CRIT_* codes)."""
+
+    COMPUTE = 0
+    EGRESS = 1
+    INGRESS = 2
+    LOOP_LATENCY = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", " ")
+
+
+def _owners(ctx, splan, sel, ev) -> list[OwnerOut]:
     out = []
-    for o, own in enumerate(cand.owners):
-        c = own.config
-        bh = arrays.mb_grid[own.mb_index]
-        w = kv = 0.0
-        for j in range(st.owner.size):
-            if st.owner[j] == o:
-                w += _range_sum(arrays.wpref[c], st.start[j], st.end[j])
-                kv += _range_sum(arrays.kvpref[c], st.start[j], st.end[j])
-        out.append((w + cand.mu * bh * kv + bh * arrays.cfg_ws[c], float(arrays.cfg_mem[c])))
+    for o in range(len(sel.cfg)):
+        cfg = ctx.arrays.configs[int(sel.cfg[o])]
+        tp = cfg.parallel.tp
+        bh = ctx.arrays.mb_grid[int(sel.mb[o])]
+        out.append(OwnerOut(
+            index=o, gpu=cfg.gpu.id, tensor_parallel=tp, expert_parallel=tp if cfg.parallel.moe_ep else 1,
+            replicas=int(sel.replicas[o]), resident_batch=sel.mu * bh, microbatch=bh,
+            stage_positions=[j for j in range(splan.n_stages) if splan.owner[j] == o],
+            usd_per_hour_per_replica=_round(cfg.gpu.price_per_hour * tp),
+            busy_fraction=_round(float(ev.busy[o]), 6), memory_bytes_per_gpu=_round(float(ev.memory_need[o])),
+        ))
     return out
 
 
-CRITICAL = {0: "compute", 1: "egress", 2: "ingress", 3: "loop latency"}
-
-
-def build_plan(ctx, cand, outcome, *, search: SearchStats | None = None) -> Plan:
-    """Re-simulate a candidate with full detail and describe it for a runtime.
-
-    `search` (used by re-evaluation) replaces the search statistics and names the searched
-    space, which scopes the provenance hashes; by default both come from `ctx`/`outcome`.
-    """
-    from opweave_planner.schedule import action_order, simulate_detail
-    from opweave_planner.search.arrays import stage_arrays
-    from opweave_planner.search.kernels import _range_sum
-    from opweave_planner.structure.templates import expand
-
-    seq, arrays, req = ctx.seq, ctx.arrays, ctx.request
-    splan = expand(seq, cand.template)
-    st = stage_arrays(seq, splan)
-    s, k, mu = splan.n_stages, st.k, cand.mu
-    bh = [arrays.mb_grid[o.mb_index] for o in cand.owners]
-    t = np.zeros(s)
-    measured = np.zeros(s)
-    occ = np.zeros(s)
-    lat = np.zeros(s)
-    link_bw, link_lat, intra = arrays.link([o.config for o in cand.owners], cand.gpus)
-    for j in range(s):
-        o = st.owner[j]
-        own = cand.owners[o]
-        t[j] = _range_sum(arrays.pref[own.config, own.mb_index], st.start[j], st.end[j])
-        measured[j] = _range_sum(arrays.mpref[own.config, own.mb_index], st.start[j], st.end[j])
-        b = st.owner[(j + 1) % s]
-        if b != o:
-            occ[j] = st.payload[j] * max(bh[o], bh[b]) / link_bw
-            lat[j] = link_lat
-    t_rtt, comp, _egr, _ing, crit_kind, crit_idx = simulate_detail(st.owner, t, occ, lat, mu, k)
-    memory = owner_memory(arrays, st, cand)
-    owners = []
-    rate = 0.0
-    spend = busy_spend = 0.0
-    gpus_total = 0
-    for o, own in enumerate(cand.owners):
-        cfg = arrays.configs[own.config]
-        tp = cfg.parallel.tp
-        usd_h = cfg.gpu.price_per_hour * tp
-        resident = mu * bh[o]
-        rate += usd_h / resident
-        n = own.replicas
-        gpus_total += n * tp
-        spend += usd_h * n
-        busy_spend += usd_h * n * float(comp[o])
-        owners.append(OwnerOut(
-            index=o, gpu=cfg.gpu.id, tensor_parallel=tp, expert_parallel=tp if cfg.parallel.moe_ep else 1,
-            replicas=n, resident_batch=resident, microbatch=bh[o],
-            stage_positions=[j for j in range(s) if st.owner[j] == o],
-            usd_per_hour_per_replica=_round(usd_h), busy_fraction=_round(float(comp[o]), 6),
-            memory_bytes_per_gpu=_round(memory[o][0]),
-        ))
-    usd_per_mtok = t_rtt * rate / 3.6e9 * 1e6
-    stages = [StageOut(
-        index=j, owner=int(st.owner[j]), operators=[seq.ops[i].name for i in splan.ops[j]],
-        latency_ms=_round(t[j] / 1e3), transfer_ms=_round((occ[j] + lat[j]) / 1e3),
-        payload_bytes_per_request=_round(float(st.payload[j]) if st.owner[(j + 1) % s] != st.owner[j] else 0.0),
-        measured_fraction=_round(min(1.0, measured[j] / t[j]) if t[j] > 0 else 1.0, 4),
+def _stages(seq, splan, payload, ev) -> list[StageOut]:
+    s = splan.n_stages
+    crosses = [splan.owner[(j + 1) % s] != splan.owner[j] for j in range(s)]
+    return [StageOut(
+        index=j, owner=int(splan.owner[j]), operators=[seq.ops[i].name for i in splan.ops[j]],
+        latency_ms=_round(ev.t[j] / 1e3), transfer_ms=_round((ev.occ[j] + ev.latv[j]) / 1e3),
+        payload_bytes_per_request=_round(float(payload[j]) if crosses[j] else 0.0),
+        measured_fraction=_round(min(1.0, ev.measured[j] / ev.t[j]) if ev.t[j] > 0 else 1.0, 4),
     ) for j in range(s)]
-    inter = 0.0 if intra else sum(st.payload[j] for j in range(s) if st.owner[(j + 1) % s] != st.owner[j])
+
+
+def _metrics(ctx, sel, splan, payload, ev, gpus_total: int) -> Metrics:
+    k, s = len(sel.cfg), splan.n_stages
+    spend = busy_spend = 0.0
+    for o in range(k):
+        cfg = ctx.arrays.configs[int(sel.cfg[o])]
+        usd = cfg.gpu.price_per_hour * cfg.parallel.tp * int(sel.replicas[o])
+        spend += usd
+        busy_spend += usd * float(ev.busy[o])
+    inter = 0.0 if ev.intra_node else sum(payload[j] for j in range(s) if splan.owner[(j + 1) % s] != splan.owner[j])
+    crit = CriticalResource(ev.critical_kind).label + (
+        f" of owner {ev.critical_index}" if ev.critical_index >= 0 else "")
+    return Metrics(
+        inter_node_mib_per_token=_round(inter / 2**20),
+        price_weighted_occupancy=_round(busy_spend / spend, 6) if spend > 0 else 1.0,
+        per_gpu_batch=_round(sel.batch / gpus_total), critical_resource=crit,
+        stage_link="none" if k == 1 else ("intra_node" if ev.intra_node else "inter_node"))
+
+
+def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: float | None = None):
+    """Describe a Selection for a runtime, from the one evaluator the search scored it with.
+
+    Returns (Plan, Evaluation).
+    `scored_t_rtt_us` is the search's own figure for this Selection; the plan's TPOT must
+    equal it (a second copy of the physics would show up here). `search` names the searched
+    space, which scopes the provenance hashes.
+    """
+    from opweave_planner.schedule import action_order
+    from opweave_planner.search.evaluate import evaluate
     from opweave_planner.structure.operators import SLOTS
 
+    seq, req = ctx.seq, ctx.request
+    splan, prob = ctx.problem(template, batches=(sel.batch,))
+    ev = evaluate(prob, sel)
+    if scored_t_rtt_us is not None and abs(ev.t_rtt - scored_t_rtt_us) > 1e-9 * abs(scored_t_rtt_us):
+        raise AssertionError(f"plan TPOT {ev.t_rtt} us differs from the searched {scored_t_rtt_us} us")
+    s, k, mu = splan.n_stages, prob.k, sel.mu
+    owners = _owners(ctx, splan, sel, ev)
+    gpus_total = sum(o.replicas * o.tensor_parallel for o in owners)
+    usd_per_mtok = ev.t_rtt * ev.rate / 3.6e9 * 1e6
     cut_ops = ([seq.ops[splan.ops[0][0]].name] if s == 1
                else [f"layer+{offset}.{SLOTS[slot]}" for offset, slot in splan.cut_keys])
-    if search is None:
-        search = SearchStats(templates=outcome.templates, exhaustive=not (req.use_pareto or req.use_bnb),
-                             space=space_record(req), **outcome.counters)
-    prov = provenance(ctx.hw, seq, search.space.gpus, req.profiles_dir, req.backend)
-    order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(st.owner, mu, k)]
+    prov = provenance(ctx.hw, seq, search.space.gpus, req.profiles, req.backend)
+    order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(prob.stage_owner, mu, k)]
     return Plan(
-        schema_version=SCHEMA_VERSION, model=seq.model.name,
-        workload=Workload(context_tokens=req.context, tpot_slo_ms=req.slo_ms),
-        policy=req.space.policy, usd_per_million_tokens=_round(usd_per_mtok), tpot_ms=_round(t_rtt / 1e3),
-        microbatches=mu, global_batch=cand.batch, gpus_total=gpus_total, num_stages=s,
+        schema_version=schema_version_for(search.space), model=seq.model.name,
+        workload=Workload(context_tokens=req.ctx, tpot_slo_ms=req.slo_ms),
+        policy=str(req.policy.value), usd_per_million_tokens=_round(usd_per_mtok), tpot_ms=_round(ev.t_rtt / 1e3),
+        microbatches=mu, global_batch=sel.batch, gpus_total=gpus_total, num_stages=s,
         owners=owners,
-        template=TemplateOut(subblock_layers=cand.template.lsub, cut_positions=list(cand.template.cuts),
+        template=TemplateOut(subblock_layers=template.lsub, cut_positions=list(template.cuts),
                              cut_operators=cut_ops, owners=k),
-        stages=stages, action_order=order,
-        metrics=Metrics(
-            inter_node_mib_per_token=_round(inter / 2**20),
-            price_weighted_occupancy=_round(busy_spend / spend, 6) if spend > 0 else 1.0,
-            per_gpu_batch=_round(cand.batch / gpus_total),
-            critical_resource=CRITICAL[int(crit_kind)] + (f" of owner {int(crit_idx)}" if crit_idx >= 0 else ""),
-            stage_link="none" if k == 1 else ("intra_node" if intra else "inter_node"),
-        ),
+        stages=_stages(seq, splan, prob.payload, ev), action_order=order,
+        metrics=_metrics(ctx, sel, splan, prob.payload, ev, gpus_total),
         search=search,
         provenance=prov,
-    )
+    ), ev
+
+
+def search_stats(req, outcome) -> SearchStats:
+    return SearchStats(templates=outcome.templates, exhaustive=not (req.pareto or req.bnb),
+                       space=space_record(req), **outcome.counters._asdict())
 
 
 def plan_bytes(plan: BaseModel) -> bytes:

@@ -8,35 +8,34 @@ the core attention kernel. All run through the same search and simulator.
 
 from __future__ import annotations
 
-from opweave_planner.errors import UserError
+from opweave_planner.inputs.request import Policy
 from opweave_planner.structure.blocks import detect_blocks
-from opweave_planner.structure.operators import SLOT, OperatorSequence
+from opweave_planner.structure.operators import OperatorSequence, Slot
 from opweave_planner.structure.templates import Template, enumerate_templates, subblock_keys
 
-POLICIES = ("opweave", "colocated", "afd", "cad")
+POLICIES = tuple(p.value for p in Policy)
 COLOCATED = Template(lsub=1, cuts=(0,))
 
 
-def _cut(seq: OperatorSequence, *slots: str) -> Template:
+def _cut(seq: OperatorSequence, *slots: Slot) -> Template:
     keys = subblock_keys(seq, detect_blocks(seq), 1)
     cuts = []
     for s in slots:
         # the first operator of the layer at or after this slot
-        pos = next(i for i, key in enumerate(keys) if key[0] == 0 and key[1] >= SLOT[s])
+        pos = next(i for i, key in enumerate(keys) if key[0] == 0 and key[1] >= s)
         cuts.append(pos)
     return Template(lsub=1, cuts=tuple(sorted(set(cuts))))
 
 
-def templates_for(seq: OperatorSequence, policy: str, max_owners: int = 3) -> list[Template]:
+def templates_for(seq: OperatorSequence, policy: Policy, max_owners: int = 3) -> list[Template]:
     """Templates of a policy, in the fixed order that breaks ties."""
-    if policy == "colocated":
+    policy = Policy(policy)
+    if policy == Policy.COLOCATED:
         return [COLOCATED]
-    if policy == "afd":
-        return [_cut(seq, "attn_in", "router")]
-    if policy == "cad":
-        return [_cut(seq, "attn_core", "attn_out")]
-    if policy != "opweave":
-        raise UserError(f"--policy: unknown policy '{policy}'; expected one of {', '.join(POLICIES)}")
+    if policy == Policy.AFD:
+        return [_cut(seq, Slot.ATTN_IN, Slot.ROUTER)]
+    if policy == Policy.CAD:
+        return [_cut(seq, Slot.ATTN_CORE, Slot.ATTN_OUT)]
     blocks = detect_blocks(seq)
     out = [COLOCATED]
     for lsub in blocks.subblocks:

@@ -13,14 +13,17 @@ Matrix file (TOML; relative paths are relative to the matrix file)::
     max_owners = 3
     batches = [16, 32, 64, 128]
 
-    [[entry]]                       # the cross product of these lists
+    [[entry]]                       # the cross product of these lists (the axes)
     models = ["llama-3.1-8b", "qwen3-30b-a3b"]
     contexts = ["8k", "32k"]
     slos = ["30ms", "60ms"]
     gpus = ["h100", "h100,a100"]
     policies = ["opweave", "colocated"]
-    [entry.space]                   # optional overrides for this entry
-    max_replicas = 2
+    max_replicas = 2                # optional settings for this entry (or in [entry.space])
+
+Every key other than the axes and `entry` is a PlanRequest setting under its one name (the
+CLI flag without dashes: `max_gpus` for `--max-gpus`), at the top (every entry) or in an
+entry; `[space]` tables are accepted for matrices written before settings were unified.
 
 Each entry becomes `<out>/<model>_ctx<ctx>_slo<slo>_<gpu+gpu>_<policy>.json` (a plan, or an
 infeasibility record). Files are compared byte for byte and rewritten atomically only when
@@ -32,46 +35,30 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from opweave_planner.errors import UserError
 
-ENTRY_KEYS = ("models", "contexts", "slos", "gpus", "policies")
-TOP_KEYS = {"prices", "catalog", "profiles", "backend", "network_bandwidth", "network_latency", "space", "entry"}
-SPACE_INT_LISTS = {"tps": "tps", "tensor_parallel_sizes": "tps", "batches": "batches"}
-SPACE_INTS = ("max_owners", "max_microbatches", "max_replicas", "max_gpus")
-SPACE_KEYS = set(SPACE_INT_LISTS) | set(SPACE_INTS) | {"moe_expert_parallel", "memory_reserve_gb"}
+# the cross-product axes of an [[entry]] and the PlanRequest field each one sets
+AXES = {"models": "model", "contexts": "ctx", "slos": "slo", "gpus": "gpus", "policies": "policy"}
+PATH_SETTINGS = ("prices", "catalog", "profiles")
+ALIASES = {"tps": "tensor_parallel_sizes"}  # spellings of matrices written before schema 1.2
+
+
+def _settings_keys() -> tuple[str, ...]:
+    from opweave_planner.inputs.request import PlanRequest
+
+    return tuple(n for n in PlanRequest.model_fields if n not in AXES.values())
 
 
 @dataclass(frozen=True)
 class RegenTask:
-    """One matrix entry, in plain picklable values (what a worker process or Ray task receives)."""
+    """One matrix entry: its file name and its validated request (picklable for workers/Ray)."""
 
     name: str
-    model: str
-    context: int
-    slo_ms: float
-    gpus: str
-    policy: str
-    prices: str | None = None
-    catalog: str | None = None
-    profiles_dir: str | None = None
-    backend: str = "vllm"
-    network_gbps: float | None = None
-    network_latency_us: float | None = None
-    reserve_gb: float | None = None
-    space: tuple[tuple[str, Any], ...] = field(default=())
-
-    def request(self):
-        from opweave_planner import api
-
-        return api.make_request(self.model, self.slo_ms, self.context, gpus=self.gpus, policy=self.policy,
-                                catalog=self.catalog, prices=self.prices, profiles_dir=self.profiles_dir,
-                                backend=self.backend, network_gbps=self.network_gbps,
-                                network_latency_us=self.network_latency_us, reserve_gb=self.reserve_gb,
-                                **dict(self.space))
+    request: Any
 
 
 def run_task(task: RegenTask) -> bytes:
@@ -79,15 +66,11 @@ def run_task(task: RegenTask) -> bytes:
     from opweave_planner import api
     from opweave_planner.plan import plan_bytes
 
-    plan, infeasible = api.plan(task.request(), jobs=1)
+    plan, infeasible = api.plan(task.request, jobs=1)
     return plan_bytes(plan if plan is not None else infeasible)
 
 
 # ----------------------------------------------------------------------------- matrix
-
-def _label_tokens(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
-
 
 def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-")
@@ -101,49 +84,58 @@ def _list(value: Any, key: str, where: str) -> list:
     raise UserError(f"{where}: '{key}' must be a non-empty list")
 
 
-def _space(obj: Any, where: str) -> dict[str, Any]:
+def _settings(obj: Any, where: str, base: Path, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """A table of PlanRequest settings (paths relative to the matrix file)."""
     if not isinstance(obj, dict):
-        raise UserError(f"{where}: 'space' must be a table")
-    unknown = set(obj) - SPACE_KEYS
-    if unknown:
-        raise UserError(f"{where}: unknown space key(s) {', '.join(sorted(unknown))}; expected "
-                        f"{', '.join(sorted(SPACE_KEYS))}")
+        raise UserError(f"{where}: expected a table of settings")
     out: dict[str, Any] = {}
-    for k, v in obj.items():
-        if k in SPACE_INT_LISTS:
-            if not (isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                                      for x in v)):
-                raise UserError(f"{where}: space.{k} must be a non-empty list of positive integers")
-            out[SPACE_INT_LISTS[k]] = tuple(v)
-        elif k in SPACE_INTS:
-            if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
-                raise UserError(f"{where}: space.{k} must be a positive integer")
-            out[k] = v
-        elif k == "moe_expert_parallel":
-            if not isinstance(v, bool):
-                raise UserError(f"{where}: space.{k} must be true or false")
-            out[k] = v
-        else:  # memory_reserve_gb
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise UserError(f"{where}: space.{k} must be a non-negative number")
-            out["reserve_gb"] = float(v)
+    for key, value in obj.items():
+        name = ALIASES.get(key, key)
+        if name not in allowed:
+            raise UserError(f"{where}: unknown key '{key}'; expected one of {', '.join(allowed)}")
+        if name in PATH_SETTINGS:
+            if not isinstance(value, str):
+                raise UserError(f"{where}: '{key}' must be a path string")
+            value = str((base / value).resolve())
+        out[name] = value
     return out
 
 
-def _number(obj: dict, key: str, where: str) -> float | None:
-    v = obj.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-        raise UserError(f"{where}: '{key}' must be a positive number")
-    return float(v)
+def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> list[tuple[str, Any, str]]:
+    """(file name, request, label) for every combination of one [[entry]]."""
+    from opweave_planner import api
+    from opweave_planner.inputs.model import load_model
+    from opweave_planner.inputs.units import label_tokens
+
+    if not isinstance(entry, dict):
+        raise UserError(f"{ew}: must be a table")
+    missing = [k for k in AXES if k not in entry]
+    if missing:
+        raise UserError(f"{ew}: missing {', '.join(missing)}")
+    lists = {k: _list(entry[k], k, ew) for k in AXES}
+    rest = {k: v for k, v in entry.items() if k not in AXES and k != "space"}
+    settings = {**common, **_settings(entry.get("space", {}), f"{ew}: space", base, _settings_keys()),
+                **_settings(rest, ew, base, _settings_keys())}
+    out = []
+    for model in lists["models"]:
+        for ctx in lists["contexts"]:
+            for slo in lists["slos"]:
+                for gpus in lists["gpus"]:
+                    for policy in lists["policies"]:
+                        label = f"{ew} ({model}, {ctx}, {slo}, {gpus}, {policy})"
+                        try:
+                            req = api.make_request(model=str(model), ctx=ctx, slo=str(slo), gpus=str(gpus),
+                                                   policy=str(policy), **settings)
+                            name = load_model(req.model).name
+                        except UserError as exc:
+                            raise UserError(f"{label}: {exc}") from None
+                        out.append((f"{_safe(name)}_ctx{label_tokens(req.ctx)}_slo{req.slo_ms:g}ms_"
+                                    f"{'+'.join(req.gpus)}_{req.policy.value}.json", req, label))
+    return out
 
 
 def load_matrix(path: str | Path) -> list[RegenTask]:
     """Expand a matrix file into validated tasks (every entry checked before anything runs)."""
-    from opweave_planner import api
-    from opweave_planner.inputs.model import load_model
-
     p = Path(path)
     where = str(path)
     if not p.is_file():
@@ -152,74 +144,23 @@ def load_matrix(path: str | Path) -> list[RegenTask]:
         obj = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"--matrix: '{path}' is not valid TOML ({exc})") from None
-    unknown = set(obj) - TOP_KEYS
-    if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; expected "
-                        f"{', '.join(sorted(TOP_KEYS))}")
+    except OSError as exc:
+        raise UserError(f"--matrix: '{path}' cannot be read ({exc.strerror})") from None
     base = p.resolve().parent
-
-    def rel(key: str) -> str | None:
-        v = obj.get(key)
-        if v is None:
-            return None
-        if not isinstance(v, str):
-            raise UserError(f"{where}: '{key}' must be a path string")
-        return str((base / v).resolve())
-
-    common = {"prices": rel("prices"), "catalog": rel("catalog"), "profiles_dir": rel("profiles"),
-              "backend": obj.get("backend", "vllm"),
-              "network_gbps": _number(obj, "network_bandwidth", where),
-              "network_latency_us": None if obj.get("network_latency") is None else float(obj["network_latency"])}
-    if common["network_latency_us"] is not None and common["network_latency_us"] < 0:
-        raise UserError(f"{where}: 'network_latency' must be non-negative")
-    top_space = _space(obj.get("space", {}), where)
+    top = {k: v for k, v in obj.items() if k not in ("space", "entry")}
+    common = {**_settings(top, where, base, (*_settings_keys(), "space", "entry")),
+              **_settings(obj.get("space", {}), f"{where}: space", base, _settings_keys())}
     entries = obj.get("entry")
     if not isinstance(entries, list) or not entries:
         raise UserError(f"{where}: no [[entry]] tables; each lists models, contexts, slos, gpus and policies")
     tasks: list[RegenTask] = []
     names: dict[str, str] = {}
     for e_i, entry in enumerate(entries):
-        ew = f"{where}: entry {e_i + 1}"
-        extra = set(entry) - set(ENTRY_KEYS) - {"space"}
-        if extra:
-            raise UserError(f"{ew}: unknown key(s) {', '.join(sorted(extra))}; expected "
-                            f"{', '.join(ENTRY_KEYS)}, space")
-        missing = [k for k in ENTRY_KEYS if k not in entry]
-        if missing:
-            raise UserError(f"{ew}: missing {', '.join(missing)}")
-        lists = {k: _list(entry[k], k, ew) for k in ENTRY_KEYS}
-        space = {**top_space, **_space(entry.get("space", {}), ew)}
-        reserve = space.pop("reserve_gb", None)
-        for model in lists["models"]:
-            try:
-                spec = load_model(str(model))
-            except UserError as exc:
-                raise UserError(f"{ew}: {exc}") from None
-            for ctx in lists["contexts"]:
-                for slo in lists["slos"]:
-                    for gpus in lists["gpus"]:
-                        for policy in lists["policies"]:
-                            try:
-                                req = api.make_request(str(model), str(slo), str(ctx), gpus=str(gpus),
-                                                       policy=str(policy), catalog=common["catalog"],
-                                                       prices=common["prices"],
-                                                       profiles_dir=common["profiles_dir"],
-                                                       backend=common["backend"],
-                                                       network_gbps=common["network_gbps"],
-                                                       network_latency_us=common["network_latency_us"],
-                                                       reserve_gb=reserve, **space)
-                            except (UserError, TypeError) as exc:
-                                raise UserError(f"{ew} ({model}, {ctx}, {slo}, {gpus}, {policy}): {exc}") from None
-                            name = (f"{_safe(spec.name)}_ctx{_label_tokens(req.context)}_slo{req.slo_ms:g}ms_"
-                                    f"{'+'.join(req.space.gpus)}_{policy}.json")
-                            label = f"entry {e_i + 1} ({model}, {ctx}, {slo}, {gpus}, {policy})"
-                            if name in names:
-                                raise UserError(f"{where}: {label} duplicates {names[name]} (both write {name})")
-                            names[name] = label
-                            tasks.append(RegenTask(
-                                name=name, model=str(model), context=req.context, slo_ms=req.slo_ms,
-                                gpus=",".join(req.space.gpus), policy=str(policy), reserve_gb=reserve,
-                                space=tuple(sorted(space.items())), **common))
+        for name, req, label in _entry_tasks(entry, f"{where}: entry {e_i + 1}", common, base):
+            if name in names:
+                raise UserError(f"{where}: {label} duplicates {names[name]} (both write {name})")
+            names[name] = label
+            tasks.append(RegenTask(name=name, request=req))
     return tasks
 
 
@@ -288,8 +229,41 @@ def _change_summary(old: bytes, new: bytes) -> str:
     return "; ".join(parts)
 
 
+def _is_plan_file(path: Path) -> bool:
+    """Only files this tool wrote are ever reported stale or pruned (not any *.json)."""
+    import orjson
+
+    from opweave_planner.contract import parse_plan
+
+    try:
+        parse_plan(orjson.loads(path.read_bytes()), str(path))
+    except (UserError, OSError, orjson.JSONDecodeError):
+        return False
+    return True
+
+
+def _entry_line(index: int, total: int, change: FileChange, value: bytes | None) -> str:
+    from opweave_planner.report import entry_line, measured_share
+
+    if change.status == "failed":
+        return f"[{index}/{total}] {change.name}: FAILED ({change.summary})"
+    doc = orjson_loads(value)
+    usd = doc.get("usd_per_million_tokens")
+    return entry_line(index, total, change.name.removesuffix(".json"), usd, status=change.status,
+                      measured=measured_share(doc.get("stages") or []), tpot_ms=doc.get("tpot_ms"),
+                      reason=doc.get("reason"))
+
+
+def orjson_loads(data: bytes | None) -> dict:
+    import orjson
+
+    return orjson.loads(data) if data else {}
+
+
 def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = None, retries: int = 1,
-          prune: bool = False) -> RegenReport:
+          prune: bool = False, log=None) -> RegenReport:
+    """Plan every entry; write changed files as each entry finishes; `log(line)` per entry."""
+    from opweave_planner.atomic import check_writable
     from opweave_planner.executor import make_executor
     from opweave_planner.plan import write_atomic
 
@@ -298,25 +272,37 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out: '{out}' is not a folder")
-    results = executor.map(run_task, tasks, [t.name for t in tasks])
-    files: list[FileChange] = []
-    for task, res in zip(tasks, results, strict=True):
+    if out.exists():
+        check_writable(out / ".opweave-regen-probe", "--out")
+    changes: dict[int, FileChange] = {}
+
+    def finished(res) -> None:
+        task = tasks[res.index]
         if not res.ok:
             tries = f" after {res.attempts} attempt{'s' if res.attempts > 1 else ''}"
-            files.append(FileChange(task.name, "failed", f"{res.error}{tries}"))
-            continue
-        path = out / task.name
-        old = path.read_bytes() if path.is_file() else None
-        if old == res.value:
-            files.append(FileChange(task.name, "unchanged"))
-            continue
-        write_atomic(path, res.value)
-        files.append(FileChange(task.name, "new" if old is None else "changed",
-                                "" if old is None else _change_summary(old, res.value)))
+            change = FileChange(task.name, "failed", f"{res.error}{tries}")
+        else:
+            path = out / task.name
+            if path.exists() and not path.is_file():
+                change = FileChange(task.name, "failed", f"'{path}' exists and is not a file")
+            else:
+                old = path.read_bytes() if path.is_file() else None
+                if old == res.value:
+                    change = FileChange(task.name, "unchanged")
+                else:
+                    write_atomic(path, res.value, field="--out")
+                    change = FileChange(task.name, "new" if old is None else "changed",
+                                        "" if old is None else _change_summary(old, res.value))
+        changes[res.index] = change
+        if log:
+            log(_entry_line(len(changes), len(tasks), change, res.value if res.ok else None))
+
+    executor.map(run_task, tasks, [t.name for t in tasks], on_result=finished)
+    files = [changes[i] for i in range(len(tasks))]
     produced = {t.name for t in tasks}
     if out.is_dir():
         for stale in sorted(out.glob("*.json")):
-            if stale.name not in produced:
+            if stale.name not in produced and _is_plan_file(stale):
                 if prune:
                     stale.unlink()
                     files.append(FileChange(stale.name, "removed", "not in the matrix"))

@@ -1,11 +1,28 @@
-"""Rendering: rich tables for people, orjson for machines. No computation here."""
+"""Rendering: rich tables for people, orjson for machines, progress on stderr.
+
+No computation here, and nothing heavy at import time (numpy, numba and rich load
+inside the functions) so that `opweave-plan --help` stays fast.
+"""
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import hashlib
+import io
+import os
+import pickle
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
+
+WIDE = 400
+"""Console width when the output is not a terminal: tables are never wrapped or cut in logs."""
 
 
 def dumps(obj: Any) -> bytes:
@@ -18,10 +35,20 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def _console(stderr: bool = False):
+def console(stderr: bool = False, file=None):
+    """A rich Console: terminal width on a terminal, `WIDE` and no soft wrapping in a pipe/file.
+
+    An explicit COLUMNS in the environment still wins (tests and users can pin it).
+    """
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    con = Console(stderr=stderr, file=file, highlight=False)
+    if not con.is_terminal and "COLUMNS" not in os.environ:
+        con = Console(stderr=stderr, file=file, highlight=False, width=WIDE, soft_wrap=True)
+    return con
+
+
+_console = console  # the name callers used before
 
 
 def human_bytes(n: float) -> str:
@@ -84,23 +111,134 @@ def render_gpus(hw) -> None:
     con.print(f"network: {n.inter_node_gbps:g} GB/s, {n.inter_node_latency_us:g} us latency between nodes")
 
 
-def render_plan_summary(plan) -> None:
-    """A one-screen summary of a plan on stderr."""
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    """Attribute or key: plans arrive as pydantic models or as parsed JSON."""
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def measured_share(stages: Iterable[Any]) -> float | None:
+    """Latency-weighted mean of the stages' `measured_fraction` (weights: `latency_ms`).
+
+    None when a stage lacks the field (plans before schema 1.1) or the plan has no latency.
+    """
+    total = weighted = 0.0
+    for st in stages:
+        frac, lat = _get(st, "measured_fraction"), _get(st, "latency_ms")
+        if frac is None or lat is None:
+            return None
+        total += lat
+        weighted += lat * frac
+    return weighted / total if total > 0 else None
+
+
+def gpu_mix(owners: Iterable[Any]) -> str:
+    """'h200 TP2 x1 + TP8 x2' / 'a100 TP4 x4 + h100 TP4 x1': the device groups, by GPU type."""
+    by_gpu: dict[str, list[str]] = {}
+    for o in owners:
+        ep = _get(o, "expert_parallel", 1)
+        part = f"TP{_get(o, 'tensor_parallel')}" + (f" EP{ep}" if ep and ep > 1 else "")
+        by_gpu.setdefault(_get(o, "gpu"), []).append(f"{part} x{_get(o, 'replicas')}")
+    return " + ".join(f"{g} {' + '.join(parts)}" for g, parts in sorted(by_gpu.items()))
+
+
+def data_quality_warning(chosen_gpus: Iterable[str], unmeasured_gpus: Iterable[str] = (),
+                         estimated_price_gpus: Iterable[str] = ()) -> str | None:
+    """One warning line for chosen GPU types without measured tables or with an estimated price."""
+    chosen = sorted(set(chosen_gpus))
+    no_tables = [g for g in chosen if g in set(unmeasured_gpus)]
+    estimated = [g for g in chosen if g in set(estimated_price_gpus)]
+    parts = []
+    if no_tables:
+        parts.append(f"{', '.join(no_tables)}: no measured kernel tables (latency from the roofline fit)")
+    if estimated:
+        parts.append(f"{', '.join(estimated)}: price is an estimate (set it with --prices)")
+    return "warning: " + "; ".join(parts) if parts else None
+
+
+def plan_headline(plan: Any) -> str:
+    wl = _get(plan, "workload")
+    owners = _get(plan, "owners") or []
+    return (f"{_get(plan, 'model')} @ {_get(wl, 'context_tokens')} tokens, SLO {_get(wl, 'tpot_slo_ms'):g} ms, "
+            f"policy {_get(plan, 'policy')}: {_get(plan, 'usd_per_million_tokens'):.4f} USD/M tokens, "
+            f"TPOT {_get(plan, 'tpot_ms'):.2f} ms, {_get(plan, 'gpus_total')} GPUs ({gpu_mix(owners)}), "
+            f"{_get(plan, 'num_stages')} stages, B={_get(plan, 'global_batch')}, "
+            f"mu={_get(plan, 'microbatches')}")
+
+
+def summary_lines(plan: Any, *, alternatives: Sequence[tuple[str, float | None, float | None]] = (),
+                  unmeasured_gpus: Iterable[str] = (), estimated_price_gpus: Iterable[str] = ()
+                  ) -> list[str]:
+    """The text lines of the summary (headline, measured share, warning, alternatives)."""
+    lines = [plan_headline(plan)]
+    share = measured_share(_get(plan, "stages") or [])
+    lines.append("measured share of the plan's latency: "
+                 + ("unknown (plan written before schema 1.1)" if share is None else
+                    f"{share:.0%} (latency-weighted over stages; the rest is a fitted roofline or "
+                    f"clamped at a table edge)"))
+    warn = data_quality_warning((_get(o, "gpu") for o in _get(plan, "owners") or []),
+                                unmeasured_gpus, estimated_price_gpus)
+    if warn:
+        lines.append(warn)
+    if alternatives:
+        cost = _get(plan, "usd_per_million_tokens")
+        alts = []
+        for name, usd, tpot in alternatives:
+            if usd is None:
+                alts.append(f"{name} infeasible")
+                continue
+            rel = f", {usd / cost:.2f}x this plan's cost" if cost else ""
+            alts.append(f"{name} {usd:.4f} USD/M tokens" + (f", TPOT {tpot:.2f} ms" if tpot is not None else "")
+                        + rel)
+        lines.append("alternatives: " + "; ".join(alts))
+    return lines
+
+
+def render_plan_summary(plan, *, alternatives: Sequence[tuple[str, float | None, float | None]] = (),
+                        unmeasured_gpus: Iterable[str] = (), estimated_price_gpus: Iterable[str] = (),
+                        file=None) -> None:
+    """A one-screen summary of a plan on stderr, terminal or not (the caller decides --quiet).
+
+    ``alternatives``: (name, USD/M tokens or None if infeasible, TPOT ms or None), e.g. the
+    colocated plan; ``unmeasured_gpus`` / ``estimated_price_gpus``: GPU ids the caller knows
+    have no measured tables / an estimated price (only the plan's chosen types are named).
+    """
     from rich.table import Table
 
-    con = _console(stderr=True)
-    con.print(f"{plan.model} @ {plan.workload.context_tokens} tokens, SLO {plan.workload.tpot_slo_ms:g} ms, "
-              f"policy {plan.policy}: {plan.usd_per_million_tokens:.4f} USD/M tokens, TPOT "
-              f"{plan.tpot_ms:.2f} ms, {plan.gpus_total} GPUs, {plan.num_stages} stages, "
-              f"B={plan.global_batch}, mu={plan.microbatches}")
+    con = console(stderr=file is None, file=file)
+    lines = summary_lines(plan, alternatives=alternatives, unmeasured_gpus=unmeasured_gpus,
+                          estimated_price_gpus=estimated_price_gpus)
+    con.print(lines[0], markup=False)
     t = Table()
     for col in ("owner", "gpu", "TP", "EP", "replicas", "resident batch", "microbatch", "stages", "busy"):
-        t.add_column(col, justify="right")
-    for o in plan.owners:
-        t.add_row(str(o.index), o.gpu, str(o.tensor_parallel), str(o.expert_parallel), str(o.replicas),
-                  str(o.resident_batch), str(o.microbatch), str(len(o.stage_positions)), f"{o.busy_fraction:.0%}")
+        t.add_column(col, justify="right", no_wrap=True)
+    for o in _get(plan, "owners") or []:
+        t.add_row(str(_get(o, "index")), _get(o, "gpu"), str(_get(o, "tensor_parallel")),
+                  str(_get(o, "expert_parallel")), str(_get(o, "replicas")), str(_get(o, "resident_batch")),
+                  str(_get(o, "microbatch")), str(len(_get(o, "stage_positions") or [])),
+                  f"{_get(o, 'busy_fraction'):.0%}")
     con.print(t)
+    for line in lines[1:]:
+        con.print(line, markup=False)
 
+
+def entry_line(index: int, total: int, label: str, usd_per_mtok: float | None = None, *,
+               status: str | None = None, measured: float | None = None, tpot_ms: float | None = None,
+               reason: str | None = None) -> str:
+    """One per-entry progress line for compare/regen.
+
+    ``[37/270] gemma-3-27b 32k 60ms: 1.397 USD/Mtok, 9% measured (unchanged)``
+    """
+    if usd_per_mtok is None:
+        body = "infeasible" + (f": {' '.join(reason.split())}" if reason else "")
+    else:
+        body = f"{usd_per_mtok:.4g} USD/Mtok"
+        if tpot_ms is not None:
+            body += f", TPOT {tpot_ms:.3g} ms"
+        if measured is not None:
+            body += f", {measured:.0%} measured"
+    return f"[{index}/{total}] {label}: {body}" + (f" ({status})" if status else "")
 
 def render_profile_table(info: dict[str, Any]) -> None:
     from rich.table import Table
@@ -121,3 +259,294 @@ def render_profile_table(info: dict[str, Any]) -> None:
     con.print("sources: M measured, I interpolated, C clamped at a table edge, F fitted roofline, R default roofline")
     if info["not_measured_kinds"]:
         con.print(f"not (fully) measured: {', '.join(info['not_measured_kinds'])}")
+
+
+# --------------------------------------------------------------------------- #
+# Progress on stderr
+# --------------------------------------------------------------------------- #
+
+def format_duration(seconds: float) -> str:
+    """'4.2 s', '3 min 05 s', '1 h 02 min': short, for logs."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    s = round(seconds)
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class Progress:
+    """Progress of one long phase on stderr: a rich bar on a terminal, plain lines otherwise.
+
+    Plain mode prints ``phase: done/total (pct), elapsed, ETA`` every ``interval_s`` or
+    each ``step`` of the total, whichever comes first, and always a final line (also on a
+    terminal, where the bar is transient). Usable as the ``progress(done, total)``
+    callback itself: ``with Progress("templates") as p: api.plan(req, progress=p)``.
+    """
+
+    def __init__(self, phase: str, total: int | None = None, *, enabled: bool = True,
+                 file=None, tty: bool | None = None, interval_s: float = 5.0, step: float = 0.10,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.phase = phase
+        self.total = total
+        self.done = 0
+        self.enabled = enabled
+        self._file = file
+        self._tty = tty
+        self.interval_s = interval_s
+        self.step = step
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._bar = None
+        self._task = None
+        self._start = self._last = 0.0
+        self._next_fraction = step
+
+    # -- plumbing -------------------------------------------------------------
+    @property
+    def file(self):
+        return self._file if self._file is not None else sys.stderr
+
+    @property
+    def is_tty(self) -> bool:
+        if self._tty is not None:
+            return self._tty
+        try:
+            return self.file.isatty()
+        except (AttributeError, ValueError):
+            return False
+
+    def _write(self, line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # progress must never break the command
+            print(line, file=self.file, flush=True)
+
+    def elapsed(self) -> float:
+        return self._clock() - self._start
+
+    # -- context ---------------------------------------------------------------
+    def __enter__(self) -> Progress:
+        self._start = self._last = self._clock()
+        if self.enabled and self.is_tty:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), TimeRemainingColumn(), transient=True,
+                            console=console(stderr=self._file is None, file=self._file))
+            self._bar.start()
+            self._task = self._bar.add_task(self.phase, total=self.total)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        if self.enabled:
+            self._write(self.final_line(stopped=exc_type is not None))
+
+    # -- updates -----------------------------------------------------------------
+    def __call__(self, done: int, total: int | None = None) -> None:
+        self.update(done, total)
+
+    def update(self, done: int, total: int | None = None) -> None:
+        """Absolute progress (matches api.plan's ``progress(done, total)`` callback)."""
+        with self._lock:
+            self.done = done
+            if total is not None:
+                self.total = total
+            if not self.enabled:
+                return
+            if self._bar is not None:
+                self._bar.update(self._task, completed=done, total=self.total)
+                return
+            now = self._clock()
+            frac = done / self.total if self.total else None
+            due = now - self._last >= self.interval_s
+            if frac is not None and frac >= self._next_fraction and frac < 1.0:
+                due = True
+            if due:
+                self._last = now
+                if frac is not None:
+                    while self._next_fraction <= frac:
+                        self._next_fraction += self.step
+                self._write(self.status_line())
+
+    def advance(self, n: int = 1) -> None:
+        self.update(self.done + n)
+
+    def log(self, line: str) -> None:
+        """A line of its own (e.g. `entry_line`), above the bar on a terminal; counts as a sign of life."""
+        if not self.enabled:
+            return
+        with self._lock:
+            if self._bar is not None:
+                self._bar.console.print(line, markup=False, highlight=False)
+            else:
+                self._last = self._clock()
+                self._write(line)
+
+    # -- text ----------------------------------------------------------------------
+    def status_line(self) -> str:
+        el = self.elapsed()
+        if not self.total:
+            return f"{self.phase}: {self.done:,} done, elapsed {format_duration(el)}"
+        frac = self.done / self.total
+        eta = format_duration(el * (self.total - self.done) / self.done) if self.done else "unknown"
+        return (f"{self.phase}: {self.done:,}/{self.total:,} ({frac:.0%}), elapsed {format_duration(el)}, "
+                f"ETA {eta}")
+
+    def final_line(self, stopped: bool = False) -> str:
+        count = f"{self.done:,}/{self.total:,}" if self.total else f"{self.done:,}"
+        if stopped:
+            return f"{self.phase}: stopped at {count} after {format_duration(self.elapsed())}"
+        return f"{self.phase}: {count} done in {format_duration(self.elapsed())}"
+
+
+# --------------------------------------------------------------------------- #
+# numba's on-disk cache, read without importing numba
+# --------------------------------------------------------------------------- #
+
+KERNEL_FILES = ("search/walk.py", "search/points.py", "search/bounds.py", "search/evaluate.py",
+                "schedule/kernels.py")
+"""The package's numba modules a plan search compiles (relative to the package folder)."""
+
+
+def kernel_files(names: Iterable[str] = KERNEL_FILES) -> list[Path]:
+    return [Path(__file__).resolve().parent / n for n in names]
+
+
+def _cached_functions(source: str) -> list[tuple[str, int]]:
+    """(qualname, first line) of every ``@njit(cache=True)``/``@jit(cache=True)`` function."""
+    out: list[tuple[str, int]] = []
+
+    def cached(dec: ast.expr) -> bool:
+        if not isinstance(dec, ast.Call):
+            return False
+        f = dec.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        return name in ("njit", "jit", "generated_jit", "vectorize", "guvectorize") and any(
+            k.arg == "cache" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in dec.keywords)
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(map(cached, node.decorator_list)):
+                out.append((prefix + node.name, node.decorator_list[0].lineno))
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, f"{prefix}{node.name}.")
+
+    visit(ast.parse(source).body, "")
+    return out
+
+
+def _user_cache_root(environ) -> Path:
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "numba"
+    base = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "numba"
+
+
+def _subpath(module_file: str) -> str:
+    folder = os.path.dirname(os.path.abspath(module_file))
+    return "_".join([os.path.split(folder)[-1], hashlib.sha1(folder.encode()).hexdigest()])
+
+
+def numba_cache_dir(module_file: str | os.PathLike, environ=None) -> Path:
+    """Where numba caches ``module_file``'s functions: NUMBA_CACHE_DIR/<dir>_<sha1>, else a
+    writable ``__pycache__`` next to it, else the user-wide cache (~/.cache/numba/<dir>_<sha1>)."""
+    environ = os.environ if environ is None else environ
+    module_file = os.fspath(module_file)
+    if environ.get("NUMBA_CACHE_DIR"):
+        return Path(environ["NUMBA_CACHE_DIR"]) / _subpath(module_file)
+    in_tree = Path(os.path.dirname(os.path.abspath(module_file))) / "__pycache__"
+    probe = in_tree if in_tree.exists() else in_tree.parent
+    if os.access(probe, os.W_OK | os.X_OK):
+        return in_tree
+    return _user_cache_root(environ) / _subpath(module_file)
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module, name):  # the index header is a plain str; refuse anything else
+        raise pickle.UnpicklingError("unexpected object in a numba index header")
+
+
+def _numba_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("numba")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _index_is_fresh(index: Path, version: str | None, digest: bytes, src_mtime: float) -> bool:
+    try:
+        stream = io.BytesIO(index.read_bytes())
+        header = _NoGlobals(stream).load()
+        rest = stream.read()
+        mtime = index.stat().st_mtime
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
+        return False
+    return header == version and (digest in rest or mtime >= src_mtime)
+
+
+def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
+                        functions: Iterable[str] | None = None) -> bool:
+    """Whether numba will load ``module_file``'s kernels from its cache instead of compiling.
+
+    An index (``*.nbi``) is fresh when the installed numba wrote it for this source (its
+    SHA-256 is in the index, as numba >= 0.6x stamps it; older numba stamps mtime, so an
+    index newer than the source counts). Warm: every one of ``functions`` (qualnames) has
+    a fresh index, or, by default, at least one ``cache=True`` function does; functions a
+    command never calls never get an index, and after a source edit the ones it calls are
+    rewritten first. Never imports numba.
+    """
+    module_file = Path(module_file)
+    try:
+        source = module_file.read_bytes()
+        cached = _cached_functions(source.decode("utf-8"))
+        src_mtime = module_file.stat().st_mtime
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    if functions is not None:
+        wanted = set(functions)
+        cached = [(q, ln) for q, ln in cached if q in wanted]
+        if len(cached) < len(wanted):
+            return False  # a name that is not a cached function of this module
+    if not cached:
+        return True
+    version = _numba_version()
+    folder = numba_cache_dir(module_file, environ)
+    digest = hashlib.sha256(source).digest()
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"
+    fresh = [_index_is_fresh(folder / f"{module_file.stem}.{q}-{ln}.{tag}.nbi", version, digest, src_mtime)
+             for q, ln in cached]
+    return all(fresh) if functions is not None else any(fresh)
+
+
+def kernels_cache_is_warm(names: Iterable[str] = KERNEL_FILES, environ=None) -> bool:
+    """`numba_cache_is_warm` over the package's search kernels."""
+    return all(numba_cache_is_warm(f, environ) for f in kernel_files(names))
+
+
+COMPILE_NOTICE = ("compiling the numba search kernels (first run only; typically 30-60 s, "
+                  "cached for later runs)")
+
+
+def announce_compile(kernels_cached: bool, *, enabled: bool = True, file=None,
+                     what: str = COMPILE_NOTICE) -> bool:
+    """One stderr line before numba compiles for the first time; the caller decides (see
+    `kernels_cache_is_warm`). Returns whether it printed."""
+    if kernels_cached or not enabled:
+        return False
+    try:
+        print(what, file=file or sys.stderr, flush=True)
+    except (OSError, ValueError):
+        return False
+    return True

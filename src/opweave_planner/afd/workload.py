@@ -15,7 +15,6 @@ workload can also draw requests and stationary slot states for the simulator.
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +23,22 @@ from typing import Literal
 import numpy as np
 
 from opweave_planner.errors import UserError
+from opweave_planner.inputs.workload import (
+    LEGACY_DECODE,
+    LEGACY_PROMPT,
+    FixedContextSpec,
+    LawSpec,
+    TraceSpec,
+    materialize,
+    read_trace,
+    scaled_law,
+    stationary_moments,
+    workload_spec,
+)
 
 DistKind = Literal["geometric", "fixed"]
-PROMPT_COLUMNS = ("prompt", "prompt_len", "prompt_tokens")
-DECODE_COLUMNS = ("decode", "decode_len", "decode_tokens")
+PROMPT_COLUMNS = LEGACY_PROMPT
+DECODE_COLUMNS = LEGACY_DECODE
 
 
 @dataclass(frozen=True)
@@ -150,18 +161,10 @@ class ParametricWorkload(Workload):
 def trace_moments(prompt: np.ndarray, decode: np.ndarray) -> tuple[float, float]:
     """Nonparametric (theta, nu^2) from per-request arrays (Appendix A.6 estimator).
 
-    The second moment is taken about theta so that nu^2 does not lose digits to
-    ``q - theta^2`` cancellation.
+    The one implementation lives in :func:`opweave_planner.inputs.workload.stationary_moments`
+    (second moment taken about theta, so nu^2 does not lose digits to cancellation).
     """
-    p = np.asarray(prompt, dtype=np.float64)
-    d = np.asarray(decode, dtype=np.float64)
-    total = d.sum()
-    theta = float((d * p + d * (d - 1.0) / 2.0).sum() / total)
-    c = p - theta
-    nu2 = float(
-        (d * c * c + c * d * (d - 1.0) + d * (d - 1.0) * (2.0 * d - 1.0) / 6.0).sum() / total
-    )
-    return theta, nu2
+    return stationary_moments(prompt, decode)
 
 
 class TraceWorkload(Workload):
@@ -175,6 +178,8 @@ class TraceWorkload(Workload):
         if (self.prompt < 0).any() or (self.decode < 1).any():
             raise UserError(f"{name}: expected prompt >= 0 and decode >= 1 for every request")
         self.name = name
+        self.format: str | None = None
+        self.sha256: str | None = None
         self.theta, self.nu2 = trace_moments(self.prompt, self.decode)
         self.mean_prompt = float(self.prompt.mean())
         self.mean_decode = float(self.decode.mean())
@@ -198,63 +203,94 @@ class TraceWorkload(Workload):
             "source": "trace",
             "trace": self.name,
             "requests": int(self.prompt.size),
+            **({"format": self.format, "sha256": self.sha256} if self.sha256 else {}),
         }
 
 
-def _find_column(header: list[str], names: tuple[str, ...], path: Path) -> int:
-    lowered = [h.strip().lower() for h in header]
-    for name in names:
-        if name in lowered:
-            return lowered.index(name)
-    raise UserError(
-        f"trace {path}: missing column; expected one of {', '.join(names)} in the header line"
-    )
-
-
-def _parse_length(text: str, what: str, minimum: int, path: Path, line: int) -> int:
-    value = text.strip()
-    try:
-        number = int(value)
-    except ValueError:
-        number = None
-    if number is None or number < minimum:
-        raise UserError(
-            f"trace {path} line {line}: {what} length must be an integer >= {minimum}, "
-            f"got {value!r}"
-        )
-    return number
-
-
 def load_trace(path: str | Path) -> TraceWorkload:
-    """Read a CSV trace with a header naming a prompt and a decode column.
+    """Read a request trace through :func:`opweave_planner.inputs.workload.read_trace`.
 
-    Every data row must give a prompt length >= 0 and a decode length >= 1; the first bad
-    row is reported by its line number in the file (the header is line 1).
+    Any format that module recognises from the header: the ``prompt,decode`` CSV (columns
+    ``prompt``/``prompt_len``/``prompt_tokens`` and ``decode``/``decode_len``/``decode_tokens``,
+    any order), Azure LLM, BurstGPT, Vidur, ``prompt_tokens,output_tokens`` CSV or Mooncake
+    JSONL; a request's output tokens are its decode lifetime. Every data row must give a
+    prompt length >= 0 and a decode length >= 1; the first bad row is reported by its line
+    number in the file (the header is line 1).
     """
-    path = Path(path)
-    try:
-        handle = path.open(newline="", encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"trace {path}: cannot open ({exc.strerror})") from None
-    prompts: list[int] = []
-    decodes: list[int] = []
-    with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise UserError(f"trace {path}: empty file; expected a header with prompt and decode")
-        ip = _find_column(header, PROMPT_COLUMNS, path)
-        idc = _find_column(header, DECODE_COLUMNS, path)
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) <= max(ip, idc):
-                raise UserError(
-                    f"trace {path} line {line}: expected {len(header)} columns, got {len(row)}"
-                )
-            prompts.append(_parse_length(row[ip], "prompt", 0, path, line))
-            decodes.append(_parse_length(row[idc], "decode", 1, path, line))
-    if not decodes:
-        raise UserError(f"trace {path}: no data rows; expected at least one request")
-    return TraceWorkload(np.array(prompts), np.array(decodes), name=str(path))
+    trace = read_trace(path)
+    w = TraceWorkload(trace.prompt, trace.output, name=str(Path(path)))
+    w.format = trace.format
+    w.sha256 = trace.sha256
+    return w
+
+
+class LawWorkload(Workload):
+    """Independent prompt and decode laws of :mod:`opweave_planner.inputs.workload`
+    (``fixed``, ``geometric``, ``lognormal``), as discretised there.
+
+    theta and nu^2 are those of the materialised stationary law; requests are drawn from the
+    discretised pmfs by inverse CDF, slot states with the decode length-biased
+    (``P(D = d) d / E[D]``), the prompt independent and the age uniform on ``0..D-1``.
+    """
+
+    def __init__(self, spec: LawSpec) -> None:
+        if spec.max_model_len is not None:
+            raise UserError(
+                "afd workload: --max-model-len with a parametric law is not supported "
+                "(prompt and decode would no longer be independent); use a trace"
+            )
+        stat = materialize(spec)
+        self.spec = spec
+        self.prompt_law = scaled_law(spec.prompt, stat.scale) if spec.scale_ctx else spec.prompt
+        wp, wd = self.prompt_law.pmf(0), spec.output.pmf(1)
+        self._cp = np.cumsum(wp) / wp.sum()
+        self._cd = np.cumsum(wd) / wd.sum()
+        biased = wd * np.arange(wd.size)
+        self._cb = np.cumsum(biased) / biased.sum()
+        self.theta, self.nu2 = stat.theta, stat.nu2
+        self.mean_prompt, self.mean_decode = stat.mean_prompt, stat.mean_output
+
+    @staticmethod
+    def _draw(cdf: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray:
+        idx = np.searchsorted(cdf, rng.random(n), side="right")
+        return np.minimum(idx, cdf.size - 1).astype(np.int64)
+
+    def sample(self, rng, n):
+        return self._draw(self._cp, rng, n), self._draw(self._cd, rng, n)
+
+    def sample_stationary(self, rng, n):
+        prompt = self._draw(self._cp, rng, n)
+        decode = self._draw(self._cb, rng, n)
+        age = np.minimum(np.floor(rng.random(n) * decode).astype(np.int64), decode - 1)
+        return prompt, decode, age
+
+    def describe(self) -> dict:
+        return {
+            **super().describe(),
+            "source": "law",
+            "prompt": self.prompt_law.label(),
+            "decode": self.spec.output.label(),
+        }
+
+
+def workload_from_spec(spec: FixedContextSpec | TraceSpec | LawSpec) -> Workload:
+    """The AFD workload of a spec from :func:`opweave_planner.inputs.workload.workload_spec`.
+
+    A trace keeps :class:`TraceWorkload`'s sampling (so an unshaped trace gives exactly what
+    :func:`load_trace` gives), with ``scale_ctx``/``max_model_len`` applied to its requests;
+    a law becomes a :class:`LawWorkload`; a fixed context is not a request workload.
+    """
+    if isinstance(spec, FixedContextSpec):
+        raise UserError("afd workload: a fixed --ctx has no request lengths; give a trace or law")
+    if isinstance(spec, LawSpec):
+        return LawWorkload(spec)
+    stat = materialize(spec)
+    w = TraceWorkload(stat.prompt, stat.output, name=spec.path)
+    w.format, w.sha256 = spec.format, spec.sha256
+    return w
+
+
+def workload_from_text(text: str, **shaping) -> Workload:
+    """``--workload`` for ``afd``: a trace file of any supported format, a ``.toml`` law file
+    or an inline law (``shaping``: ``scale_ctx``, ``max_model_len``, ``overflow``)."""
+    return workload_from_spec(workload_spec(workload=text, **shaping))

@@ -84,6 +84,25 @@ JsonOut = Annotated[
 ]
 
 
+def time_unit(cal, coefs: dict) -> str:
+    """The time unit of every latency, tau and throughput: us when calibrated from profiles,
+    the paper's cycles for its default coefficients, else the unit of the given --alpha/--beta."""
+    if cal is not None:
+        return "us"
+    return "cycles" if all(v is None for v in coefs.values()) else "t"
+
+
+def _per(unit: str) -> str:
+    """The unit as a denominator: tokens/cycle, not tokens/cycles."""
+    return "cycle" if unit == "cycles" else unit
+
+
+def _unit_note(console, unit: str) -> None:
+    if unit == "t":
+        console.print("times in t = the unit of the --alpha-*/--beta-* values given "
+                      "(the paper's defaults are cycles)")
+
+
 def _parse_ratios(text: str, integers: bool) -> list:
     from opweave_planner.errors import UserError
 
@@ -189,12 +208,15 @@ def _print_calibration(console, cal) -> None:
         f"FFN {st['ffn_gpu']} tp{st['ffn_tp']}{side}, contexts {st['attention_contexts'][0]}"
         f"..{st['attention_contexts'][-1]}, B = {st['batch']}; unit: {st['unit']}"
     )
-    table = Table("component", "alpha", "beta", "samples", "RMSE", "max rel err", "R^2")
+    table = Table("component", "alpha", "alpha unit", "beta (us)", "samples", "RMSE (us)",
+                  "max rel err", "R^2")
+    per = {"attention": "us/token", "ffn": "us/request", "communication": "us/request"}
     for name in ("attention", "ffn", "communication"):
         fit = getattr(cal, name)
         table.add_row(
             name,
             f"{fit.slope:.5g}",
+            per[name],
             f"{fit.intercept:.5g}",
             str(fit.samples),
             f"{fit.rmse:.4g}",
@@ -215,13 +237,15 @@ def _emit_json(obj) -> None:
     )
 
 
-def _header(console, coef, workload, batch) -> None:
+def _header(console, coef, workload, batch, unit: str = "cycles") -> None:
     w = workload.describe()
     console.print(
         f"workload: theta = {w['theta']:.4g}, nu^2 = {w['nu2']:.6g} "
         f"(mean prompt {w['mean_prompt']:.4g}, mean decode {w['mean_decode']:.4g}); B = {batch}"
     )
-    console.print("coefficients: " + ", ".join(f"{k} = {v:g}" for k, v in coef.as_dict().items()))
+    per = {"alpha_a": f"{unit}/token", "alpha_f": f"{unit}/request", "alpha_c": f"{unit}/request"}
+    console.print("coefficients: " + ", ".join(f"{k} = {v:g} {per.get(k, unit)}"
+                                               for k, v in coef.as_dict().items()))
 
 
 def _ratio_report(coef, workload, batch, ratios) -> dict:
@@ -304,23 +328,35 @@ def ratio(
     if json:
         _emit_json(report)
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from opweave_planner.report import console as _console
+
+    console = _console()
+    unit = time_unit(cal, _pick(args, _COEF_KEYS))
     if cal is not None:
         _print_calibration(console, cal)
-    _header(console, coef, workload, batch)
+    _unit_note(console, unit)
+    _header(console, coef, workload, batch, unit)
     mf, g = report["mean_field"], report["gaussian"]
-    console.print(f"mu_A = {report['mu_a']:.6g}, sigma_A = {report['sigma_a']:.6g}")
+    console.print(f"mu_A = {report['mu_a']:.6g} {unit}, sigma_A = {report['sigma_a']:.6g} {unit}")
     console.print(
         f"r*_mf = {mf['r']:.4g} ({mf['regime']} regime, {mf['balance']}), "
-        f"throughput/instance {mf['throughput']:.4g}"
+        f"throughput/instance {mf['throughput']:.4g} tokens/{_per(unit)}"
     )
     console.print(
-        f"r*_G  = {g['r']:.4g} (barrier-aware), throughput/instance {g['throughput']:.4g}"
+        f"r*_G  = {g['r']:.4g} (barrier-aware), throughput/instance {g['throughput']:.4g} "
+        f"tokens/{_per(unit)}"
     )
-    table = Table("r", "kappa_r", "sync overhead", "tau_mf", "tau_G", "thr_mf", "thr_G")
+    table = Table(
+        "r (A per F)",
+        "kappa_r",
+        "sync overhead",
+        f"tau_mf ({unit})",
+        f"tau_G ({unit})",
+        f"thr_mf (tokens/{_per(unit)}/inst)",
+        f"thr_G (tokens/{_per(unit)}/inst)",
+    )
     for row in report["table"]:
         table.add_row(
             f"{row['r']:g}",
@@ -444,18 +480,21 @@ def simulate(
     if json:
         _emit_json(report)
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from opweave_planner.report import console as _console
+
+    console = _console()
+    unit = time_unit(cal, _pick(args, _COEF_KEYS))
     if cal is not None:
         _print_calibration(console, cal)
+    _unit_note(console, unit)
     w = workload.describe()
     console.print(
         f"workload: theta = {w['theta']:.4g}, nu^2 = {w['nu2']:.6g}; B = {batch}; seed = {seed}"
     )
     if mc:
-        table = Table("r", "MC overhead", "CLT overhead", "difference (pp)")
+        table = Table("r (A per F)", "MC overhead", "CLT overhead", "difference (pp)")
         for row in report["rows"]:
             table.add_row(
                 str(row["r"]),
@@ -465,7 +504,15 @@ def simulate(
             )
         console.print(table)
         return
-    table = Table("r", "throughput/inst", "TPOT", "idle A", "idle F", "barrier", "T_80")
+    table = Table(
+        "r (A per F)",
+        f"throughput (tokens/{_per(unit)}/inst)",
+        f"TPOT ({unit}/token)",
+        "idle A",
+        "idle F",
+        "barrier",
+        f"T_80 ({unit})",
+    )
     for row in report["results"]:
         table.add_row(
             str(row["r"]),

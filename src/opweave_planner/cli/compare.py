@@ -13,6 +13,8 @@ from typing import Any
 
 import typer
 
+from opweave_planner.cli.options import all_settings, with_settings
+
 INFEASIBLE = "✗"
 
 
@@ -34,10 +36,11 @@ def _net_label(net: dict[str, Any]) -> str:
 
 def render_compare(result: dict[str, Any], console=None) -> None:
     """Rich tables: cost per policy with ratios; Figure 10-11 metrics; hetero vs homogeneous."""
-    from rich.console import Console
     from rich.table import Table
 
-    con = console or Console(highlight=False)
+    from opweave_planner.report import console as wide_console
+
+    con = console or wide_console()
     pols = result["policies"]
     sweep = len(result["networks"]) > 1 or any(v is not None for v in result["networks"][0].values())
     def cell_table(title: str) -> Table:
@@ -128,10 +131,13 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
             if y is None:
                 ax.text(x, 0, INFEASIBLE, ha="center", va="bottom", color="red", fontsize=9)
         del bars
+    ymax = max(((c["policies"][p]["usd_per_million_tokens"] or 0.0) for c in cells for p in pols),
+               default=0.0) or 1.0
     for j, c in enumerate(cells):
         if c["ratio"] is not None:
             top = max((c["policies"][p]["usd_per_million_tokens"] or 0.0) for p in pols)
             ax.text(j, top * 1.02, f"{c['ratio']:.2f}×", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, ymax * 1.15)  # headroom: the ratio labels sit above the tallest bar
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("USD per million output tokens")
@@ -146,6 +152,11 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
         plt.close(fig)
 
 
+# compare sweeps these itself (lists / one-at-a-time network grids); every other setting is shared
+SWEPT = ("model", "slo", "ctx", "gpus", "policy", "network_bandwidth", "network_latency")
+
+
+@with_settings(all_settings(exclude=SWEPT))
 def compare_cmd(
     model: str = typer.Option(..., "--model", "-m", help="Bundled model name or a Hugging Face config.json"),
     context: str = typer.Option("8k,32k,128k", "--ctx", help="Context lengths, comma-separated: 8k,32k,128k"),
@@ -159,15 +170,12 @@ def compare_cmd(
                                           help="Sweep inter-node bandwidth: 1,2,4,8,16,32GBps"),
     network_cross: bool = typer.Option(False, "--network-cross",
                                        help="Sweep the latency x bandwidth cross product instead of one at a time"),
-    max_gpus: int = typer.Option(32, "--max-gpus", help="GPU budget of a plan"),
-    prices: str = typer.Option(None, "--prices", help="TOML/JSON: GPU id -> USD per GPU-hour"),
-    catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
-    profiles_dir: str = typer.Option(None, "--profiles", help="Profile folder (default: shipped)"),
     as_json: bool = typer.Option(False, "--json", help="Emit the comparison as one JSON document"),
     plot: str = typer.Option(None, "--plot", help="Also draw grouped bars to this image file (needs matplotlib)"),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Independent searches run in parallel processes (same result as 1)"),
     ray: str = typer.Option(None, "--ray", help="Run the searches on a Ray cluster: ADDRESS, 'auto' or 'local' (needs the ray extra)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr"),
+    settings: dict | None = None,  # every other PlanRequest setting, from with_settings
 ) -> None:
     """Compare opweave against colocated, AFD and CAD for every context and SLO (Figures 9-14)."""
     from opweave_planner.errors import UserError
@@ -193,18 +201,14 @@ def compare_cmd(
         lat_items = [x if re.search(r"[A-Za-zµ]", x) or not unit else x + unit.group(0) for x in lat_items]
         lat = [cmp.parse_latency_us(x) for x in lat_items]
     nets = cmp.network_grid(lat, bw, cross=network_cross)
-    show = not quiet and sys.stderr.isatty()
     start = time.perf_counter()
 
     def progress(msg: str) -> None:
-        if show:
-            print(f"\r\033[K{msg}", end="", file=sys.stderr, flush=True)
+        if not quiet:  # one line per search, terminal or not (CI logs see progress too)
+            print(msg, file=sys.stderr, flush=True)
 
     result = cmp.compare(model, context, slo, gpus=gpus, policies=policies, networks=nets, jobs=jobs, ray_address=ray,
-                         progress=progress, max_gpus=max_gpus, prices=prices, catalog=catalog,
-                         profiles_dir=profiles_dir)
-    if show:
-        print("\r\033[K", end="", file=sys.stderr, flush=True)
+                         progress=progress, **{k: v for k, v in settings.items() if v is not None})
     if plot:
         plot_compare(result, plot)
     if as_json:

@@ -10,6 +10,8 @@ import sys
 
 import typer
 
+from opweave_planner.cli.options import with_settings
+
 
 def _emit(data: bytes) -> None:
     sys.stdout.buffer.write(data)
@@ -30,20 +32,18 @@ def schema_cmd(
         _emit(data)
 
 
+SIMULATE_OVERRIDES = ("prices", "catalog", "profiles", "network_bandwidth", "network_latency", "model")
+
+
+@with_settings(SIMULATE_OVERRIDES)
 def simulate_cmd(
     plan: str = typer.Argument(..., help="Plan file (JSON) written by opweave-plan"),
-    prices: str = typer.Option(None, "--prices", help="TOML/JSON: GPU id -> USD per GPU-hour (overrides the "
-                                                      "plan's recorded prices for the GPUs it names)"),
-    catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
-    profiles_dir: str = typer.Option(None, "--profiles", help="Profile folder (default: shipped)"),
-    network_bandwidth: float = typer.Option(None, "--network-bandwidth",
-                                            help="Inter-node GB/s (default: the plan's)"),
-    network_latency: float = typer.Option(None, "--network-latency", help="Inter-node latency in us (default: the plan's)"),
-    model: str = typer.Option(None, "--model", "-m", help="Model name or config.json (default: the plan's model)"),
     out: str = typer.Option(None, "--out", "-o", help="Also write the re-simulated plan file here"),
     as_json: bool = typer.Option(False, "--json", help="Emit JSON (the plan's own key names)"),
+    settings: dict | None = None,  # (overrides of the plan's recorded request)
 ) -> None:
-    """Re-evaluate a plan under new prices, network or profiles without searching.
+    """Re-evaluate a plan under new prices, network or profiles without searching (each
+    setting defaults to what the plan recorded; --prices overrides only the GPUs it names).
 
     Exit 0 when it still meets its SLO and fits memory, 1 when it does not, 2 on bad input.
     """
@@ -52,8 +52,7 @@ def simulate_cmd(
     from opweave_planner.report import dumps
 
     doc = read_feasible_plan(plan)
-    ev = evaluate_plan(doc, where=plan, prices=prices, catalog=catalog, profiles_dir=profiles_dir,
-                       network_gbps=network_bandwidth, network_latency_us=network_latency, model=model)
+    ev = evaluate_plan(doc, where=plan, **settings)
     if out:
         write_atomic(out, plan_bytes(ev.plan))
     info = ev.to_dict()
@@ -119,6 +118,7 @@ def regen_cmd(
     retries: int = typer.Option(1, "--retries", help="Retries of a failed or lost entry"),
     prune: bool = typer.Option(False, "--prune", help="Delete plan files in --out that the matrix no longer lists"),
     as_json: bool = typer.Option(False, "--json", help="Emit the summary as JSON"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-entry lines on stderr"),
 ) -> None:
     """Plan every matrix entry; rewrite only files that changed (atomically).
 
@@ -128,7 +128,10 @@ def regen_cmd(
     from opweave_planner.regen import regen
     from opweave_planner.report import dumps
 
-    report = regen(matrix, out, jobs=jobs, ray=ray, retries=retries, prune=prune)
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    report = regen(matrix, out, jobs=jobs, ray=ray, retries=retries, prune=prune, log=None if quiet else log)
     if as_json:
         _emit(dumps(report.to_dict()))
     else:

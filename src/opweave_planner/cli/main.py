@@ -6,12 +6,13 @@ Heavy imports (numpy, numba, the search) happen inside command bodies so that
 
 from __future__ import annotations
 
-import sys
-
 import typer
+
+from opweave_planner.cli.options import all_settings, with_settings
 
 app = typer.Typer(
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=False,
     pretty_exceptions_enable=False,
     help="Plan the cheapest operator-level disaggregated decode deployment that meets a TPOT SLO.",
@@ -19,38 +20,33 @@ app = typer.Typer(
 
 
 @app.callback(invoke_without_command=True)
+@with_settings(all_settings())
 def main(
-    ctx: typer.Context,
-    model: str = typer.Option(None, "--model", "-m", help="Bundled model name or a Hugging Face config.json"),
-    slo: str = typer.Option(None, "--slo", help="TPOT SLO with a unit: 60ms, 0.06s, 60000us"),
-    context: str = typer.Option(None, "--ctx", help="Context length in tokens: 32k = 32768, or 131072"),
-    gpus: str = typer.Option(None, "--gpus", help="GPU types: h100 (homogeneous) or h100,a100 (any mix); default: every profiled type"),
-    policy: str = typer.Option("opweave", "--policy", help="opweave | colocated | afd | cad"),
+    cli: typer.Context,
     out: str = typer.Option(None, "--out", "-o", help="Write the plan JSON here (atomically) instead of stdout"),
     fmt: str = typer.Option("json", "--format", help="json | table (table goes to stderr as well)"),
-    prices: str = typer.Option(None, "--prices", help="TOML/JSON: GPU id -> USD per GPU-hour"),
-    catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
-    profiles_dir: str = typer.Option(None, "--profiles", help="Profile folder (default: shipped)"),
-    backend: str = typer.Option("vllm", "--backend", help="Profile backend"),
-    network_bandwidth: float = typer.Option(None, "--network-bandwidth", help="Inter-node GB/s (default 32)"),
-    network_latency: float = typer.Option(None, "--network-latency", help="Inter-node latency in us (default 20)"),
-    max_gpus: int = typer.Option(32, "--max-gpus", help="GPU budget of a plan"),
-    reserve_gb: float = typer.Option(None, "--reserve-gb", help="Per-GPU memory kept for the framework, CUDA context and allocator (GiB; default 3.5, plus NCCL buffers by TP)"),
-    no_pareto: bool = typer.Option(False, "--no-pareto", help="Disable per-owner Pareto frontiers"),
-    no_bnb: bool = typer.Option(False, "--no-bnb", help="Disable branch-and-bound pruning"),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Worker processes (same result as 1)"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or summary on stderr"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress, notices or summary on stderr"),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit", is_eager=True),
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of an internal error"),
+    settings: dict | None = None,  # (filled by with_settings from PlanRequest)
 ) -> None:
     """Emit the cheapest plan whose TPOT meets the SLO (run with --model, --slo and --ctx)."""
-    if ctx.invoked_subcommand is not None:
+    if version:
+        from opweave_planner import __version__
+
+        print(f"opweave-planner {__version__}")
+        raise typer.Exit(0)
+    if cli.invoked_subcommand is not None:
         return
     from opweave_planner.errors import UserError
 
-    if model is None or slo is None or context is None:
-        missing = [n for n, v in (("--model", model), ("--slo", slo), ("--ctx", context)) if v is None]
-        if len(missing) == 3:
-            print(ctx.get_help())
-            raise typer.Exit(0)
+    required = (("--model", "model"), ("--slo", "slo"), ("--ctx", "ctx"))
+    missing = [flag for flag, name in required if settings[name] is None]
+    if len(missing) == 3 and not any(v is not None for v in settings.values()):
+        print(cli.get_help())
+        raise typer.Exit(0)
+    if missing:
         raise UserError(f"{', '.join(missing)} required; e.g. opweave-plan --model gemma-3-27b --slo 60ms --ctx 32k")
     if fmt not in ("json", "table"):
         raise UserError(f"--format: '{fmt}' unknown; expected json or table")
@@ -58,36 +54,14 @@ def main(
         raise UserError("--jobs: expected a positive integer")
     from opweave_planner.cli.run_plan import run_plan
 
-    run_plan(model=model, slo=slo, context=context, gpus=gpus, policy=policy, out=out, fmt=fmt,
-             prices=prices, catalog=catalog, profiles_dir=profiles_dir, backend=backend,
-             network_bandwidth=network_bandwidth, network_latency=network_latency, max_gpus=max_gpus,
-             reserve_gb=reserve_gb,
-             pareto=not no_pareto, bnb=not no_bnb, jobs=jobs, quiet=quiet)
+    run_plan(settings, out=out, fmt=fmt, jobs=jobs, quiet=quiet)
 
 
 def run() -> None:
-    """Console-script entry: map library errors to one stderr line and an exit code."""
-    from opweave_planner.errors import UserError
+    """Console-script entry: every ending maps to one stderr line and a documented exit code."""
+    from opweave_planner.cli.guard import run_cli
 
-    try:
-        rc = app(standalone_mode=False)
-        if isinstance(rc, int) and rc:
-            sys.exit(rc)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:  # click usage errors (typer vendors click, so match by shape)
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if type(exc).__name__ == "Abort":
-            sys.exit(1)
-        raise
+    run_cli(app, prog_name="opweave-plan")
 
 
 @app.command()
@@ -162,6 +136,9 @@ def _register_subcommands() -> None:
     app.command("simulate")(contract_cli.simulate_cmd)
     app.command("diff")(contract_cli.diff_cmd)
     app.command("regen")(contract_cli.regen_cmd)
+    from opweave_planner.cli import export as export_cli
+
+    app.command("export")(export_cli.export_cmd)
     for module, attr, name in (("theory", "theory_cmd", "theory"), ("compare", "compare_cmd", "compare")):
         try:
             mod = __import__(f"opweave_planner.cli.{module}", fromlist=[attr])

@@ -1,45 +1,46 @@
-"""The main job's rendering: progress on stderr, plan to stdout or a file, exit codes."""
+"""The main job's rendering: progress and summary on stderr, plan to stdout or a file."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-import typer
+
+def _unmeasured(req) -> list[str]:
+    """Chosen GPU types with no measured latency tables (their figures are all fitted)."""
+    from opweave_planner.data import profiles_root
+    from opweave_planner.latency.tables import available_gpus
+
+    have = set(available_gpus(profiles_root(req.profiles)))
+    return [g for g in req.gpus if g not in have]
 
 
-def run_plan(*, model, slo, context, gpus, policy, out, fmt, prices, catalog, profiles_dir, backend,
-             network_bandwidth, network_latency, max_gpus, pareto, bnb, jobs, quiet,
-             reserve_gb=None) -> None:
+def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     from opweave_planner import api, report
-    from opweave_planner.plan import plan_bytes, write_atomic
+    from opweave_planner.atomic import check_writable, write_atomic
+    from opweave_planner.errors import InfeasibleError
+    from opweave_planner.plan import plan_bytes
 
-    req = api.make_request(model, slo, context, gpus=gpus, policy=policy, catalog=catalog, prices=prices,
-                           profiles_dir=profiles_dir, backend=backend, pareto=pareto, bnb=bnb,
-                           network_gbps=network_bandwidth, network_latency_us=network_latency,
-                           max_gpus=max_gpus, reserve_gb=reserve_gb)
-    show = not quiet and sys.stderr.isatty()
+    if out:
+        check_writable(out, "--out")  # before a long search, not after it
+    req = api.make_request(**settings)
+    report.announce_compile(report.kernels_cache_is_warm(), enabled=not quiet)
     start = time.perf_counter()
-    if show:
-        from rich.progress import Progress
-
-        with Progress(transient=True, console=report._console(stderr=True)) as bar:
-            task = bar.add_task("templates", total=None)
-            result, infeasible = api.plan(req, jobs=jobs, progress=lambda d, t: bar.update(task, completed=d, total=t))
-    else:
-        result, infeasible = api.plan(req, jobs=jobs)
+    with report.Progress("templates", enabled=not quiet) as bar:
+        result, infeasible = api.plan(req, jobs=jobs, progress=bar)
     elapsed = time.perf_counter() - start
     doc = result if result is not None else infeasible
     data = plan_bytes(doc)
     if out:
-        write_atomic(out, data)
-    elif infeasible is None:
+        write_atomic(out, data, field="--out")
+    elif infeasible is None and fmt == "json":
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
+    if result is not None and fmt == "table":
+        report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req), file=sys.stdout)
+    elif result is not None and not quiet:
+        report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req))
     if not quiet:
-        if result is not None and (fmt == "table" or sys.stderr.isatty()):
-            report.render_plan_summary(result)
         print(f"search took {elapsed:.2f} s", file=sys.stderr)
     if infeasible is not None:
-        print(f"infeasible: {infeasible.reason}", file=sys.stderr)
-        raise typer.Exit(3)
+        raise InfeasibleError(infeasible.reason)

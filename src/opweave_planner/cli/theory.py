@@ -31,11 +31,36 @@ def _bytes(n: float) -> str:
     return str(n)
 
 
+TP_CHOICES = (1, 2, 4, 8)
+
+
+def default_tp(model: Any, gpus: Any, contexts: list[int], tp_choices=TP_CHOICES,
+               catalog: str | None = None, prices: str | None = None) -> int:
+    """Smallest TP degree whose weight shard plus one request's KV at the smallest context fits
+    every listed GPU (else the one that fits the most of them, ties to the smaller TP).
+
+    TP 1 made the README's example print "weights don't fit" for a 70B model on both GPUs.
+    """
+    from opweave_planner import theory
+
+    best, best_fits = tp_choices[0], -1
+    for tp in tp_choices:
+        mi, params = theory.build_inputs(model, gpus, tp=tp, catalog=catalog, prices=prices)
+        need = mi.m_weights + mi.m_kv(contexts[0])
+        fits = sum(g.memory > need for g in params)
+        if fits == len(params):
+            return tp
+        if fits > best_fits:
+            best, best_fits = tp, fits
+    return best
+
+
 def _render(res: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(highlight=False)
+    from opweave_planner.report import console
+
+    con = console()
     inp = res["inputs"]
     kv = " + ".join(
         [f"{_bytes(t['bytes_per_token'])}/tok" + (f" x min(s,{t['window']})" if t["window"] else " x s")
@@ -107,7 +132,9 @@ def theory_cmd(
     model: str = typer.Option(..., "--model", "-m", help="Bundled model name or path to a Hugging Face config.json"),
     gpus: str = typer.Option("h100,l40s", "--gpus", help="Comma-separated GPU ids to compare"),
     ctx: str = typer.Option("1k..256k", "--ctx", help="Context lengths: LO..HI doubling, or a list (k = 1024)"),
-    tp: int = typer.Option(1, "--tp", help="Tensor/expert-parallel degree sharding weights, P_act and KV"),
+    tp: int = typer.Option(None, "--tp", help="Tensor/expert-parallel degree sharding weights, P_act and KV "
+                           "(default: the smallest of 1, 2, 4, 8 at which the weights and one request fit "
+                           "every listed GPU)"),
     microbatches: int = typer.Option(2, "--microbatches", help="Micro-batches mu for the CAD balance test"),
     prices: str = typer.Option(None, "--prices", help="TOML/JSON object: GPU id -> USD per GPU-hour"),
     catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding or overriding GPU types"),
@@ -122,6 +149,14 @@ def theory_cmd(
     from opweave_planner import theory
 
     contexts = theory.parse_contexts(ctx)
+    if tp is None:
+        from opweave_planner.inputs.model import load_model
+
+        spec = load_model(model)
+        tp = default_tp(spec, gpus, contexts, catalog=catalog, prices=prices)
+        model = spec
+        print(f"--tp not given: using TP{tp} (the smallest of 1, 2, 4, 8 at which the weights and "
+              f"one {contexts[0]:,}-token request fit every listed GPU)", file=sys.stderr)
     mi, params = theory.build_inputs(model, gpus, tp=tp, catalog=catalog, prices=prices)
     res = theory.analyze(mi, params, contexts, microbatches=microbatches)
     if plot:

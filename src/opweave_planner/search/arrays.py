@@ -1,4 +1,5 @@
-"""Plain arrays the numba kernels consume, built once per search (and per worker)."""
+"""The configuration arrays of a search (latency, weight and KV prefix sums per device-group
+configuration), built once per request and per worker, and the per-template Problem."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from opweave_planner.inputs.hardware import GIB, GpuType, Hardware
+from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.latency.interp import INTERPOLATED
 from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
-from opweave_planner.structure.operators import OperatorSequence
+from opweave_planner.search.problem import Problem, check_problem, typed
+from opweave_planner.structure.operators import OperatorSequence, OpKind
 from opweave_planner.structure.templates import StagePlan, boundary_payload
 
-DEFAULT_RESERVE_GB = 3.5  # framework + CUDA context + allocator slack per GPU (aiconfigurator's figure)
 NCCL_RESERVE_GB = {1: 0.0, 2: 0.334, 4: 0.383, 8: 0.383}  # NCCL buffers by TP group size
 
 
@@ -44,19 +46,12 @@ class SearchArrays:
     lat: float  # inter-node µs
     intra_lat: float  # intra-node µs
 
-    def link(self, configs: list[int], gpus_total: float) -> tuple[float, float, bool]:
-        """(bytes/µs, latency µs, intra-node?) of stage transfers for a complete plan."""
-        gpu_ids = {int(self.cfg_gpu[c]) for c in configs}
-        c0 = configs[0]
-        if len(configs) > 1 and len(gpu_ids) == 1 and gpus_total <= self.cfg_node[c0] + 1e-9:
-            return float(self.cfg_intra_bw[c0]), self.intra_lat, True
-        return self.bw, self.lat, False
 
-
-def build_arrays(seq: OperatorSequence, hw: Hardware, gpus: tuple[str, ...], tps: tuple[int, ...],
-                 moe_ep: bool, context: int, mb_grid: tuple[int, ...], profiles_dir: str | None,
-                 backend: str, reserve_gb: float | None) -> SearchArrays:
-    has_moe = any(op.kind == "moe_up" for op in seq.ops)
+def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> SearchArrays:
+    """Every (GPU type, TP, expert-parallel) configuration of the request, as arrays."""
+    gpus, tps, moe_ep = req.gpus, req.tensor_parallel_sizes, req.moe_expert_parallel
+    context, mb_grid, profiles_dir, backend = req.ctx, req.microbatch_grid(), req.profiles, req.backend
+    has_moe = any(op.kind == OpKind.MOE_UP for op in seq.ops)
     configs = []
     for gid in gpus:
         g = hw.resolve(gid)
@@ -73,7 +68,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, gpus: tuple[str, ...], tps
     wpref = np.zeros((c_n, n + 1))
     kvpref = np.zeros((c_n, n + 1))
     max_out = max(op.out_bytes for op in seq.ops)
-    reserve = DEFAULT_RESERVE_GB if reserve_gb is None else reserve_gb
+    reserve = req.reserve_gb
     cfg_mem, cfg_ws = np.zeros(c_n), np.zeros(c_n)
     for c, cfg in enumerate(configs):
         tp = cfg.parallel.tp
@@ -86,7 +81,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, gpus: tuple[str, ...], tps
         # activation buffers (a few live tensors) and the fp32 logits slice
         cfg_ws[c] = 4 * max_out + 4.0 * seq.model.vocab_size / tp
     moe_pref = np.zeros(n + 1, np.int64)
-    moe_pref[1:] = np.cumsum([op.kind in ("moe_up", "moe_down") for op in seq.ops])
+    moe_pref[1:] = np.cumsum([op.kind in (OpKind.MOE_UP, OpKind.MOE_DOWN) for op in seq.ops])
     mb_index = np.full(max(mb_grid) + 1, -1, np.int64)
     for i, b in enumerate(mb_grid):
         mb_index[b] = i
@@ -124,6 +119,20 @@ def stage_arrays(seq: OperatorSequence, plan: StagePlan) -> StageArrays:
         start[:], end[:] = 0, seq.n
     return StageArrays(np.array(plan.owner, np.int64), start, end,
                        np.array(boundary_payload(seq, plan)), k)
+
+
+def make_problem(arrays: SearchArrays, st: StageArrays, req: PlanRequest, *, batches: tuple[int, ...],
+                 slo_us: float, latency_objective: bool = False) -> Problem:
+    """The Problem of one template: its stages over every configuration of the request."""
+    return check_problem(typed(Problem(
+        stage_owner=st.owner, stage_start=st.start, stage_end=st.end, payload=st.payload, k=st.k,
+        pref=arrays.pref, mpref=arrays.mpref, wpref=arrays.wpref, kvpref=arrays.kvpref,
+        cfg_tp=arrays.cfg_tp, cfg_price=arrays.cfg_price, cfg_mem=arrays.cfg_mem, cfg_ws=arrays.cfg_ws,
+        cfg_ok=owner_ok(arrays, st), cfg_gpu=arrays.cfg_gpu, cfg_node=arrays.cfg_node,
+        cfg_intra_bw=arrays.cfg_intra_bw, mb_grid=np.array(arrays.mb_grid, np.int64),
+        mb_index=arrays.mb_index, batches=np.array(batches, np.int64), max_mu=req.max_microbatches,
+        max_rep=req.max_replicas, max_gpus=req.max_gpus, bw=arrays.bw, lat=arrays.lat,
+        intra_lat=arrays.intra_lat, slo=slo_us, latency_objective=latency_objective)))
 
 
 def owner_ok(arrays: SearchArrays, st: StageArrays) -> np.ndarray:

@@ -9,22 +9,56 @@ a cut and consumed after it crosses), so the residual stream is never forgotten.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
 from functools import cache
 
 import networkx as nx
 
 from opweave_planner.inputs.model import AttentionSpec, LayerSpec, MlpSpec, ModelSpec
 
-# Universal slot order inside one layer. A template cut names a slot; a layer
-# lacking that slot takes the cut before its next present operator.
-SLOTS = (
-    "attn_in", "attn_in2", "attn_core", "attn_out",
-    "router", "shared_up", "shared_down", "ffn_up", "ffn_down",
-)
-SLOT = {s: i for i, s in enumerate(SLOTS)}
+
+class Slot(IntEnum):
+    """Universal slot order inside one layer. A template cut names a slot; a layer lacking
+    that slot takes the cut before its next present operator."""
+
+    ATTN_IN = 0
+    ATTN_IN2 = 1
+    ATTN_CORE = 2
+    ATTN_OUT = 3
+    ROUTER = 4
+    SHARED_UP = 5
+    SHARED_DOWN = 6
+    FFN_UP = 7
+    FFN_DOWN = 8
+
+
+class OpKind(StrEnum):
+    """What an operator computes; the latency lookup and the sharding rules key on it."""
+
+    EMBED = "embed"
+    LM_HEAD = "lm_head"
+    QKV_PROJ = "qkv_proj"
+    MLA_DOWN = "mla_down"
+    MLA_UP = "mla_up"
+    ATTN_FULL = "attn_full"
+    ATTN_SLIDING = "attn_sliding"
+    ATTN_LINEAR = "attn_linear"
+    ATTN_MLA = "attn_mla"
+    O_PROJ = "o_proj"
+    ROUTER = "router"
+    SHARED_UP = "shared_up"
+    SHARED_DOWN = "shared_down"
+    MOE_UP = "moe_up"
+    MOE_DOWN = "moe_down"
+    FFN_UP = "ffn_up"
+    FFN_DOWN = "ffn_down"
+
+
+SLOTS = tuple(s.name.lower() for s in Slot)
+SLOT = {s.name.lower(): int(s) for s in Slot}
 EMBED_LAYER = -1
 
-ATTENTION_CORE_KINDS = ("attn_full", "attn_sliding", "attn_linear", "attn_mla")
+ATTENTION_CORE_KINDS = (OpKind.ATTN_FULL, OpKind.ATTN_SLIDING, OpKind.ATTN_LINEAR, OpKind.ATTN_MLA)
 
 
 @dataclass(frozen=True)
@@ -32,7 +66,7 @@ class Operator:
     """One kernel-level operator of a decode step (per request quantities)."""
 
     name: str
-    kind: str
+    kind: OpKind
     layer: int
     slot: int
     params: int  # parameters counted toward the model size
@@ -183,7 +217,7 @@ def _make_layer_ops(layer: LayerSpec, m: ModelSpec) -> list[Operator]:
                 state = (a.lin_v_heads * a.lin_k_dim * a.lin_v_dim + conv_ch * (a.conv_kernel - 1)) * m.kv_bytes
                 flops = 6.0 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim + 2.0 * conv_ch * a.conv_kernel
         out.append(Operator(
-            name=f"layers.{layer.index}.{kind}", kind=kind, layer=layer.index, slot=SLOT[slot],
+            name=f"layers.{layer.index}.{kind}", kind=OpKind(kind), layer=layer.index, slot=SLOT[slot],
             params=int(params), active_params=active, weight_bytes=params * dtype_b, flops=flops,
             ctx_flops=ctx_flops, kv_bytes_per_token=kv_tok, kv_window=window, state_bytes=state,
             out_bytes=float(out_bytes), gemm=tuple(gemms), attention=a, mlp=f,
@@ -225,13 +259,13 @@ def build_sequence(model: ModelSpec) -> OperatorSequence:
     h, ab = model.hidden_size, model.act_bytes
     embed_params = model.vocab_size * h
     embed = Operator(
-        name="embed", kind="embed", layer=EMBED_LAYER, slot=0, params=embed_params,
+        name="embed", kind=OpKind.EMBED, layer=EMBED_LAYER, slot=0, params=embed_params,
         active_params=float(embed_params), weight_bytes=embed_params * ab, flops=0.0,
         out_bytes=h * ab, weight_dtype_bytes=ab, sharding="vocab",
     )
     head_params = 0 if model.tie_embeddings else embed_params
     lm_head = Operator(
-        name="lm_head", kind="lm_head", layer=model.n_layers, slot=0, params=head_params + h,
+        name="lm_head", kind=OpKind.LM_HEAD, layer=model.n_layers, slot=0, params=head_params + h,
         active_params=float(head_params + h), weight_bytes=(embed_params + h) * ab,
         flops=2.0 * embed_params, out_bytes=4.0, gemm=((model.vocab_size, h),),
         weight_dtype_bytes=ab, sharding="vocab",

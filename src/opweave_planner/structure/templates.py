@@ -18,7 +18,7 @@ from itertools import combinations
 from math import comb
 
 from opweave_planner.structure.blocks import BlockStructure, detect_blocks
-from opweave_planner.structure.operators import OperatorSequence
+from opweave_planner.structure.operators import OperatorSequence, OpKind
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,9 @@ def expand(seq: OperatorSequence, template: Template) -> StagePlan:
     numbers = []
     n = seq.n
     for op in seq.ops:
-        if op.kind == "embed":
+        if op.kind == OpKind.EMBED:
             numbers.append(None)
-        elif op.kind == "lm_head":
+        elif op.kind == OpKind.LM_HEAD:
             numbers.append(numbers[-1])
         else:
             numbers.append(stage_number(op.layer, op.slot))

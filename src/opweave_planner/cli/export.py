@@ -1,0 +1,45 @@
+"""`opweave-plan export PLAN --to vllm|sglang|dynamo|llm-d|vllm-afd --out DIR`: launch files.
+
+Command function only; `cli/main.py` registers it. Module import pulls in typer only (the
+exporters load inside the command body).
+"""
+
+from __future__ import annotations
+
+import typer
+
+
+def export_cmd(
+    plan: str = typer.Argument(..., help="Plan file (JSON) written by opweave-plan"),
+    to: str = typer.Option(..., "--to", help="vllm | sglang | dynamo | llm-d | vllm-afd"),
+    out: str = typer.Option(..., "--out", "-o", help="Folder to write the launch files into"),
+    runtime_version: str = typer.Option(None, "--runtime-version",
+                                        help="Runtime release the files are for (default: the newest pinned)"),
+    alternative: str = typer.Option(None, "--alternative",
+                                    help="Export the plan file's alternative of this class instead "
+                                         "(colocated, two_stage, single_gpu_type)"),
+    model_id: str = typer.Option(None, "--model-id",
+                                 help="Hugging Face repo or weights path to serve (default: the bundled "
+                                      "model's repo)"),
+    model: str = typer.Option(None, "--model", "-m",
+                              help="Model name or config.json (default: the plan's model)"),
+    node_label: list[str] = typer.Option([], "--node-label",
+                                         help="GPU=VALUE: nvidia.com/gpu.product value of a GPU type "
+                                              "(repeatable; Kubernetes targets)"),
+    image: str = typer.Option(None, "--image", help="Container image (Kubernetes targets)"),
+    catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
+) -> None:
+    """Write launch scripts / manifests that run a plan on a serving runtime, plus a benchmark.
+
+    Exit 0 written, 2 bad input, 3 the runtime cannot run the plan's shape (the reason and a
+    runnable alternative are named).
+    """
+    from opweave_planner.export import export_plan
+
+    done = export_plan(plan, to, out, runtime_version=runtime_version, alternative=alternative,
+                       model_id=model_id, model=model, node_labels=tuple(node_label), image=image,
+                       catalog=catalog)
+    alt = f" (alternative {done.alternative})" if done.alternative else ""
+    typer.echo(f"{done.target} {done.version}{alt}: wrote {len(done.files)} files to {done.out}", err=True)
+    for name in done.files:
+        typer.echo(name)

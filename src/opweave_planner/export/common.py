@@ -1,0 +1,419 @@
+"""What every exporter shares: the loaded plan, placement, refusals, alternatives, YAML and scripts.
+
+An exporter turns a plan into files for one runtime. It first decides whether that runtime can
+run the plan's shape at all (`Refusal`, exit 3, one line naming why and what could run), then
+renders bytes only from the plan and pinned per-version flag tables, so the same plan always
+gives the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from opweave_planner.errors import InfeasibleError, UserError
+
+# Hugging Face repositories of the bundled models (models/SOURCES.md; a test keeps them equal).
+# `hf_repo` prefers the model loader's own table where it has one (models/hf_ids.toml).
+HF_REPOS = {
+    "gemma-3-27b": "google/gemma-3-27b-it",
+    "gemma-3-12b": "google/gemma-3-12b-it",
+    "qwen3-next-80b-a3b": "Qwen/Qwen3-Next-80B-A3B-Instruct",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "gpt-oss-120b": "openai/gpt-oss-120b",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+}
+
+
+
+def hf_repo(model: str) -> str | None:
+    """The Hugging Face repository a bundled model's config was taken from, else None."""
+    from opweave_planner.inputs import model as model_inputs
+
+    table = getattr(model_inputs, "bundled_hf_ids", None)
+    if table is not None:
+        ids = table().get(model)
+        if ids:
+            return ids[0]
+    return HF_REPOS.get(model)
+
+
+# Kubernetes node label set by NVIDIA GPU feature discovery, and its value per catalog GPU id.
+GPU_LABEL_KEY = "nvidia.com/gpu.product"
+GPU_PRODUCTS = {
+    "h100": "NVIDIA-H100-80GB-HBM3",
+    "a100": "NVIDIA-A100-SXM4-80GB",
+    "l40s": "NVIDIA-L40S",
+    "h200": "NVIDIA-H200",
+    "h20": "NVIDIA-H20",
+    "b200": "NVIDIA-B200",
+}
+
+BASE_PORT = 8000  # the router (or the only replica) listens here; replica r of several on 8001 + r
+BENCH_OUTPUT_TOKENS = 256  # decode tokens per benchmark request (the rest of the context is prompt)
+
+# Alternative classes a plan file may carry (issue 15 item 1), in the order they are suggested.
+ALTERNATIVE_NAMES = ("colocated", "two_stage", "single_gpu_type")
+_ALIASES = {"colocated": "colocated", "twostage": "two_stage", "max2stages": "two_stage",
+            "le2stages": "two_stage", "2stage": "two_stage", "singlegputype": "single_gpu_type",
+            "homogeneous": "single_gpu_type"}
+
+
+class Refusal(InfeasibleError):
+    """The target runtime cannot run this plan's shape (exit 3)."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One device group of an owner, placed on a node of its GPU type."""
+
+    owner: int
+    index: int
+    node: int  # node number, counted across all owners (see Context._placement)
+    devices: tuple[int, ...]  # CUDA device indices on that node
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(str(d) for d in self.devices)
+
+
+@dataclass
+class Context:
+    """Everything an exporter may read: the plan, its raw JSON and the resolved options."""
+
+    plan: Any  # opweave_planner.plan.Plan
+    raw: dict[str, Any]
+    path: str
+    target: str
+    version: str
+    model_id: str
+    spec: Any  # ModelSpec or None when the plan's model cannot be loaded
+    hw: Any  # Hardware (the shipped catalog plus --catalog)
+    labels: dict[str, str] = field(default_factory=dict)  # GPU id -> node label value
+    image: str | None = None
+    alternative: str | None = None  # the alternative being exported, if any
+    base_cost: float | None = None  # cost of the file's main plan (for deltas)
+
+    def gpu(self, gid: str):
+        return self.hw.resolve(gid, f"{self.path}: owners[].gpu")
+
+    def placement(self, owner) -> list[Replica]:
+        return self._placement[owner.index]
+
+    @cached_property
+    def _placement(self) -> dict[int, list[Replica]]:
+        """Every owner's groups on numbered nodes, TP groups never split across nodes.
+
+        When the plan's stages hand off inside one node (one GPU type, every GPU in one node, as
+        the planner's link model assumed) all owners share node 0, owners' devices in order;
+        otherwise each owner's groups fill their own nodes first fit, nodes numbered across owners.
+        """
+        plan = self.plan
+        gpn = {o.index: self.gpu(o.gpu).gpus_per_node for o in plan.owners}
+        shared = (len({o.gpu for o in plan.owners}) == 1 and plan.gpus_total <= gpn[0])
+        out: dict[int, list[Replica]] = {}
+        first_node = offset = 0
+        for o in plan.owners:
+            tp = o.tensor_parallel
+            per_node = max(1, gpn[o.index] // tp)
+            reps = []
+            for r in range(o.replicas):
+                if shared:
+                    reps.append(Replica(o.index, r, 0, tuple(range(offset, offset + tp))))
+                    offset += tp
+                else:
+                    local = (r % per_node) * tp
+                    reps.append(Replica(o.index, r, first_node + r // per_node, tuple(range(local, local + tp))))
+            out[o.index] = reps
+            if not shared:
+                first_node += math.ceil(o.replicas / per_node)
+        return out
+
+    def memory_fraction(self, owner) -> float:
+        """Share of GPU memory the runtime may take: what the planner treated as usable.
+
+        The planner keeps `memory_reserve_gb` GiB per GPU for the framework; the runtime's own
+        budget (weights + KV + activations) is the rest, rounded down to 0.01 and capped at 0.95.
+        """
+        cap = self.gpu(owner.gpu).memory_bytes
+        reserve = self.plan.search.space.memory_reserve_gb * 2**30
+        return min(0.95, math.floor((cap - reserve) / cap * 100) / 100)
+
+    def node_label(self, gid: str) -> str:
+        if gid in self.labels:
+            return self.labels[gid]
+        if gid in GPU_PRODUCTS:
+            return GPU_PRODUCTS[gid]
+        raise UserError(f"--node-label: no {GPU_LABEL_KEY} value known for GPU type '{gid}'; "
+                        f"pass --node-label {gid}=VALUE")
+
+    @property
+    def slug(self) -> str:
+        """A DNS-1035 label for the deployment (model and GPU count): Services are named after it."""
+        name = re.sub(r"[^a-z0-9-]+", "-", f"{self.plan.model}-{self.plan.gpus_total}gpu".lower()).strip("-")
+        if not name[:1].isalpha():
+            name = f"m-{name}"
+        return name[:52].rstrip("-")
+
+
+def shape_words(plan) -> str:
+    """'a 20-stage operator pipeline over 3 owners' / 'a 2-stage plan' / 'a colocated plan'."""
+    k = len(plan.owners)
+    if plan.num_stages == 1:
+        return "a colocated plan"
+    return f"a {plan.num_stages}-stage operator pipeline over {k} owner{'s' if k != 1 else ''}"
+
+
+def is_colocated(plan) -> bool:
+    return plan.num_stages == 1 and len(plan.owners) == 1
+
+
+# ----------------------------------------------------------------------------- alternatives
+
+def normalise_alternative(name: str) -> str:
+    key = re.sub(r"[^a-z0-9]", "", name.lower())
+    if key not in _ALIASES:
+        raise UserError(f"--alternative: unknown alternative '{name}'; expected one of "
+                        f"{', '.join(ALTERNATIVE_NAMES)}")
+    return _ALIASES[key]
+
+
+def alternatives(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The plan file's `alternatives` section, read defensively (absent before schema 1.2).
+
+    Accepts `{name: entry}` or `[{name|class: ..., ...}]`; an entry is the alternative plan itself
+    or a summary with `usd_per_million_tokens` and optionally the plan under `plan`.
+    """
+    section = raw.get("alternatives")
+    out: dict[str, dict[str, Any]] = {}
+    if isinstance(section, dict):
+        items = list(section.items())
+    elif isinstance(section, list):
+        items = [(e.get("name") or e.get("class") or e.get("kind"), e) for e in section if isinstance(e, dict)]
+    else:
+        return out
+    for name, entry in items:
+        if not isinstance(name, str) or not isinstance(entry, dict):
+            continue
+        try:
+            out[normalise_alternative(name)] = entry
+        except UserError:
+            continue
+    return out
+
+
+# Keys an embedded alternative may leave to the main plan: the same request, inputs and search.
+INHERITED_KEYS = ("schema_version", "model", "workload", "search", "provenance")
+
+
+def alternative_plan(entry: dict[str, Any], main: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The full plan object of an alternative entry, if it embeds one.
+
+    Keys it omits that describe the request rather than the placement (`INHERITED_KEYS`) are
+    taken from the main plan file `main`.
+    """
+    if isinstance(entry.get("plan"), dict):
+        plan = entry["plan"]
+    elif "stages" in entry and "owners" in entry:
+        plan = {k: v for k, v in entry.items() if k not in ("name", "class", "kind", "cost_delta_pct",
+                                                            "tpot_delta_pct")}
+    else:
+        return None
+    if main:
+        plan = {**{k: main[k] for k in INHERITED_KEYS if k in main and k not in plan}, **plan}
+    return plan
+
+
+def cost_delta(entry: dict[str, Any], base_cost: float | None) -> str:
+    """'+0.6 %' from the entry's own delta, or its cost against the main plan's."""
+    for key in ("cost_delta_pct", "cost_delta_percent", "usd_delta_pct"):
+        if isinstance(entry.get(key), (int, float)):
+            return f"{entry[key]:+.1f} %"
+    plan = alternative_plan(entry) or {}
+    cost = entry.get("usd_per_million_tokens", plan.get("usd_per_million_tokens"))
+    if isinstance(cost, (int, float)) and base_cost:
+        return f"{(cost / base_cost - 1) * 100:+.1f} %"
+    return "cost unknown"
+
+
+# ----------------------------------------------------------------------------- rendering helpers
+
+def shell_command(argv: list[str], indent: str = "  ") -> str:
+    """One argument (or flag with its value) per continued line, every word shell-quoted."""
+    i = 0
+    while i < len(argv) and (not argv[i].startswith("-") or (argv[i] == "-m" and i == 1)):
+        i += 1 + (argv[i] == "-m")
+    parts: list[str] = [" ".join(_q(w) for w in argv[:i])] if i else []
+    while i < len(argv):
+        word = argv[i]
+        if word.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            parts.append(f"{shlex.quote(word)} {_q(argv[i + 1])}")
+            i += 2
+        else:
+            parts.append(_q(word))
+            i += 1
+    return (" \\\n" + indent).join(parts)
+
+
+def _q(word: str) -> str:
+    """Quote for bash, but let a `${VAR...}` expansion through inside double quotes."""
+    if "${" in word:
+        return '"' + word.replace('"', '\\"') + '"'
+    return shlex.quote(word)
+
+
+def script(lines: list[str]) -> bytes:
+    return ("#!/usr/bin/env bash\n" + "\n".join(lines).rstrip("\n") + "\n").encode()
+
+
+def header(ctx: Context, what: str) -> list[str]:
+    p = ctx.plan
+    alt = f", alternative '{ctx.alternative}'" if ctx.alternative else ""
+    return [
+        f"# {what}",
+        f"# Generated by opweave-plan export --to {ctx.target} (runtime {ctx.version}) from {p.model} plan "
+        f"({p.policy}{alt}):",
+        f"#   {p.gpus_total} GPUs, global batch {p.global_batch}, context {p.workload.context_tokens} tokens, "
+        f"predicted TPOT {p.tpot_ms:.6g} ms (SLO {p.workload.tpot_slo_ms:g} ms).",
+        "set -euo pipefail",
+    ]
+
+
+def json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
+
+
+def to_yaml(obj: Any) -> bytes:
+    """Block-style YAML of dicts/lists/scalars, keys in insertion order, strings double-quoted.
+
+    Deterministic and dependency-free; every string is a JSON string literal (valid YAML), so no
+    value is ever re-typed by a YAML reader (`"1"` stays a string, `"on"` is not a boolean).
+    """
+    lines: list[str] = []
+    if isinstance(obj, dict):
+        _yaml_map(obj, 0, lines)
+    elif isinstance(obj, list):
+        _yaml_list(obj, 0, lines)
+    else:
+        lines.append(_yaml_scalar(obj))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _yaml_scalar(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return format(v, ".9g")
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, dict) and not v:
+        return "{}"
+    if isinstance(v, list) and not v:
+        return "[]"
+    raise TypeError(f"cannot write {type(v).__name__} as YAML")
+
+
+def _yaml_key(k: str) -> str:
+    return k if _PLAIN_KEY.match(k) and k.lower() not in ("true", "false", "null", "yes", "no", "on", "off") \
+        else json.dumps(k)
+
+
+def _yaml_map(d: dict, indent: int, lines: list[str]) -> None:
+    pad = " " * indent
+    for k, v in d.items():
+        key = _yaml_key(str(k))
+        if isinstance(v, dict) and v:
+            lines.append(f"{pad}{key}:")
+            _yaml_map(v, indent + 2, lines)
+        elif isinstance(v, list) and v:
+            lines.append(f"{pad}{key}:")
+            _yaml_list(v, indent + 2, lines)
+        else:
+            lines.append(f"{pad}{key}: {_yaml_scalar(v)}")
+
+
+def _yaml_list(items: list, indent: int, lines: list[str]) -> None:
+    pad = " " * indent
+    for item in items:
+        if isinstance(item, dict) and item:
+            sub: list[str] = []
+            _yaml_map(item, indent + 2, sub)
+            lines.append(f"{pad}- {sub[0].lstrip()}")
+            lines.extend(sub[1:])
+        elif isinstance(item, list) and item:
+            raise TypeError("nested lists are not written")
+        else:
+            lines.append(f"{pad}- {_yaml_scalar(item)}")
+
+
+def compare_tpot_snippet(plan, p50_key: str, p95_key: str, result: str) -> list[str]:
+    """Bash lines that read the benchmark's JSON result and print measured vs predicted TPOT."""
+    return [
+        f'python3 - "{result}" {plan.tpot_ms!r} {plan.workload.tpot_slo_ms!r} <<\'EOF\'',
+        "import json, sys",
+        "path, predicted, slo = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])",
+        "with open(path) as fh:",
+        "    lines = [ln for ln in fh.read().splitlines() if ln.strip()]",
+        "r = json.loads(lines[-1])  # a JSON file, or the last record of a JSONL file",
+        f"p50, p95 = float(r[{p50_key!r}]), float(r[{p95_key!r}])",
+        'print(f"TPOT p50 {p50:.2f} ms, p95 {p95:.2f} ms; plan predicts {predicted:.2f} ms "',
+        '      f"(p50 {100 * (p50 / predicted - 1):+.1f} %), SLO {slo:g} ms: "',
+        '      f"{\'met\' if p95 <= slo else \'MISSED\'} at p95")',
+        "EOF",
+    ]
+
+
+def bench_env(plan) -> list[str]:
+    """The benchmark's workload: `global_batch` concurrent requests filling the plan's context."""
+    ctx_tokens = plan.workload.context_tokens
+    out = min(BENCH_OUTPUT_TOKENS, max(2, ctx_tokens // 2))
+    return [
+        'HOST="${HOST:-127.0.0.1}"',
+        f'PORT="${{PORT:-{BASE_PORT}}}"',
+        f'OUTPUT_LEN="${{OUTPUT_LEN:-{out}}}"',
+        f'INPUT_LEN="${{INPUT_LEN:-$(( {ctx_tokens} - OUTPUT_LEN ))}}"',
+        f'CONCURRENCY="${{CONCURRENCY:-{plan.global_batch}}}"  # the plan\'s global batch',
+        'NUM_PROMPTS="${NUM_PROMPTS:-$CONCURRENCY}"  # one wave: every request decodes alongside the others',
+        'RESULT_DIR="${RESULT_DIR:-bench-results}"',
+        'mkdir -p "$RESULT_DIR"',
+    ]
+
+
+def refuse(ctx: Context, why: str, fits) -> Refusal:
+    """A one-line refusal naming why and which alternative (if the file has one) this target can run.
+
+    `fits(plan_dict_or_None, name)` says whether the target could run that alternative.
+    """
+    found = alternatives(ctx.raw)
+    for name in ALTERNATIVE_NAMES:
+        entry = found.get(name)
+        if entry is None or name == ctx.alternative:
+            continue
+        if fits(alternative_plan(entry, ctx.raw), name):
+            delta = cost_delta(entry, ctx.base_cost if ctx.base_cost is not None
+                               else ctx.plan.usd_per_million_tokens)
+            return Refusal(f"{ctx.target} cannot run {why}; the {name.replace('_', '-')} alternative "
+                           f"({delta}) can: use --alternative {name}")
+    return Refusal(f"{ctx.target} cannot run {why}; {hint_for(ctx.target)}")
+
+
+def hint_for(target: str) -> str:
+    if target == "vllm-afd":
+        return "re-plan a DeepSeek-V2/V3 model with --policy afd"
+    return "re-plan with --policy colocated"

@@ -1,0 +1,127 @@
+"""`--to vllm`: one `vllm serve` script per replica, a vllm-router script, and a benchmark.
+
+vLLM runs colocated decode (TP inside a replica, replicas behind a router), so only a one-stage,
+one-owner plan is accepted. Flag names per pinned version come from vLLM's own parser
+(`vllm/engine/arg_utils.py`, `vllm/entrypoints/*/cli_args.py`, `vllm/benchmarks/serve.py`);
+docs/export.md names the files.
+"""
+
+from __future__ import annotations
+
+from opweave_planner.export.common import (
+    BASE_PORT,
+    Context,
+    bench_env,
+    compare_tpot_snippet,
+    header,
+    is_colocated,
+    refuse,
+    script,
+    shape_words,
+    shell_command,
+)
+
+# Same flag names in both pinned releases; kept per version so a rename is a one-line change.
+_SERVE = {
+    "tp": "--tensor-parallel-size", "dp": "--data-parallel-size", "seqs": "--max-num-seqs",
+    "len": "--max-model-len", "kv": "--kv-cache-dtype", "mem": "--gpu-memory-utilization",
+    "ep": "--enable-expert-parallel", "host": "--host", "port": "--port",
+}
+FLAGS = {"0.10.2": _SERVE, "0.33.0": _SERVE}
+VERSIONS = tuple(FLAGS)
+DEFAULT_VERSION = "0.33.0"
+ROUTER = "vllm-router"  # vllm-project/router, PyPI vllm-router 0.1.17 (vllm_router/router_args.py)
+
+
+def fits(plan_dict, name: str) -> bool:
+    """Can vLLM run this alternative? Only colocated ones (one stage, one owner)."""
+    if plan_dict is not None:
+        return plan_dict.get("num_stages") == 1 and len(plan_dict.get("owners", [])) == 1
+    return name == "colocated"
+
+
+def check(ctx: Context, target_fits=fits) -> None:
+    if not is_colocated(ctx.plan):
+        raise refuse(ctx, shape_words(ctx.plan), target_fits)
+
+
+def engine_args(ctx: Context, owner, flags: dict[str, str]) -> list[str]:
+    """vLLM engine flags that carry the plan: TP/EP, max sequences, context, KV dtype, memory."""
+    argv = [flags["tp"], str(owner.tensor_parallel)]
+    if owner.expert_parallel > 1:
+        argv.append(flags["ep"])
+    argv += [flags["seqs"], str(owner.resident_batch),
+             flags["len"], str(ctx.plan.workload.context_tokens),
+             # "auto" = the model's dtype (bf16/fp16): the planner sized the KV cache in it
+             flags["kv"], "auto",
+             flags["mem"], f"{ctx.memory_fraction(owner):.2f}"]
+    return argv
+
+
+def replica_ports(owner) -> list[int]:
+    return [BASE_PORT] if owner.replicas == 1 else [BASE_PORT + 1 + r for r in range(owner.replicas)]
+
+
+def node_host(node: int) -> str:
+    return "${NODE0_HOST:-127.0.0.1}" if node == 0 else f"${{NODE{node}_HOST:?set NODE{node}_HOST}}"
+
+
+def render(ctx: Context) -> dict[str, bytes]:
+    check(ctx)
+    flags = FLAGS[ctx.version]
+    owner = ctx.plan.owners[0]
+    files: dict[str, bytes] = {}
+    ports = replica_ports(owner)
+    placement = ctx.placement(owner)
+    for rep, port in zip(placement, ports):
+        argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(port),
+                *engine_args(ctx, owner, flags)]
+        lines = header(ctx, f"vLLM replica {rep.index} of {owner.replicas}: run on {owner.gpu} node "
+                            f"{rep.node} (GPUs {rep.cuda_visible_devices}), serves port {port}.")
+        lines += [f"export CUDA_VISIBLE_DEVICES={rep.cuda_visible_devices}",
+                  "exec " + shell_command(argv)]
+        files[f"serve-replica-{rep.index}.sh"] = script(lines)
+    if owner.replicas > 1:
+        urls = [f"http://{node_host(rep.node)}:{port}" for rep, port in zip(placement, ports)]
+        argv = [ROUTER, "--host", "0.0.0.0", "--port", str(BASE_PORT), "--policy", "round_robin",
+                "--worker-urls", *urls]
+        lines = header(ctx, f"Router in front of the {owner.replicas} replicas (round robin keeps "
+                            f"{owner.resident_batch} requests on each); needs `pip install vllm-router`.")
+        lines.append("exec " + shell_command(argv))
+        files["router.sh"] = script(lines)
+    if data_parallel_applies(ctx, owner):
+        devices = ",".join(str(d) for rep in placement for d in rep.devices)
+        argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(BASE_PORT),
+                flags["dp"], str(owner.replicas), *engine_args(ctx, owner, flags)]
+        lines = header(ctx, f"Instead of serve-replica-*.sh + router.sh: one vLLM server with "
+                            f"{owner.replicas} data-parallel engines on {owner.gpu} node 0 (GPUs {devices}), "
+                            f"load-balanced by vLLM itself, port {BASE_PORT}.")
+        lines += [f"export CUDA_VISIBLE_DEVICES={devices}", "exec " + shell_command(argv)]
+        files["serve-data-parallel.sh"] = script(lines)
+    files["benchmark.sh"] = benchmark(ctx, backend="vllm")
+    return files
+
+
+def data_parallel_applies(ctx: Context, owner) -> bool:
+    """vLLM's data parallelism equals the plan's independent replicas only for a dense model whose
+    replicas share one node: for MoE models vLLM steps DP ranks in lockstep and spreads the
+    experts over DP x TP GPUs, which is not what the plan sized."""
+    dense = ctx.spec is not None and all(layer.mlp.kind == "dense" for layer in ctx.spec.layers)
+    return owner.replicas > 1 and dense and all(r.node == 0 for r in ctx.placement(owner))
+
+
+def benchmark(ctx: Context, backend: str, what: str = "the deployment") -> bytes:
+    """`vllm bench serve` at the plan's global batch; prints p50/p95 TPOT against `tpot_ms`."""
+    argv = ["vllm", "bench", "serve", "--backend", backend,
+            "--base-url", "http://${HOST}:${PORT}", "--model", ctx.model_id,
+            "--dataset-name", "random", "--random-input-len", "${INPUT_LEN}",
+            "--random-output-len", "${OUTPUT_LEN}", "--num-prompts", "${NUM_PROMPTS}",
+            "--max-concurrency", "${CONCURRENCY}", "--ignore-eos",
+            "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,95",
+            "--save-result", "--result-dir", "${RESULT_DIR}", "--result-filename", "tpot.json"]
+    lines = header(ctx, f"Benchmark {what} with vLLM's own client (vllm bench serve) and compare "
+                        "TPOT with the plan.")
+    lines += bench_env(ctx.plan)
+    lines.append(shell_command(argv))
+    lines += compare_tpot_snippet(ctx.plan, "p50_tpot_ms", "p95_tpot_ms", "${RESULT_DIR}/tpot.json")
+    return script(lines)

@@ -1,0 +1,155 @@
+"""`--to vllm-afd`: the attention/FFN pair of vLLM's AFD plugin (vllm-project/afd-plugin).
+
+The plugin runs DeepSeek-V2/V3-family models only (its `afd_plugin/__init__.py` registers
+`DeepseekV2ForCausalLM`/`DeepseekV3ForCausalLM`), two roles started as two `vllm serve`
+deployments joined through `--additional-config '{"afd": {...}}'`, with the rule of its
+P2pNcclAFDConnector (`afd_plugin/distributed/topology.py`): attention ranks >= FFN ranks and a
+multiple of them. Ranks are data-parallel x tensor-parallel GPUs of a role. Overlap is vLLM's
+dual-batch overlap (`--enable-dbo`): exactly two microbatches.
+"""
+
+from __future__ import annotations
+
+import json
+
+from opweave_planner.export import vllm as _vllm
+from opweave_planner.export.common import (
+    BASE_PORT,
+    Context,
+    Refusal,
+    header,
+    refuse,
+    script,
+    shell_command,
+)
+
+VERSIONS = ("0.26.0",)  # the vLLM release afd-plugin (commit 2e4378f) supports
+DEFAULT_VERSION = "0.26.0"
+PLUGIN_COMMIT = "2e4378f2d478313992e9a1b850c61b1e888a1145"
+MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+CONNECTOR = "P2pNcclAFDConnector"
+AFD_PORT = 6239
+DP_RPC_PORT = 13345
+# vLLM 0.26.0 `vllm/engine/arg_utils.py` (the engine flags are the same names as in _vllm.FLAGS)
+_MP = {"0.26.0": {
+    **_vllm.FLAGS["0.33.0"], "dbo": "--enable-dbo", "extra": "--additional-config",
+    "dp_local": "--data-parallel-size-local", "dp_addr": "--data-parallel-address",
+    "dp_rpc": "--data-parallel-rpc-port", "dp_start": "--data-parallel-start-rank", "headless": "--headless",
+}}
+FLAGS = _MP
+
+ATTENTION_KINDS = ("qkv_proj", "mla_down", "mla_up", "attn_full", "attn_sliding", "attn_linear",
+                   "attn_mla", "o_proj")
+FFN_KINDS = ("router", "shared_up", "shared_down", "moe_up", "moe_down", "ffn_up", "ffn_down")
+
+
+def _kind(op: str) -> str:
+    return op.rsplit(".", 1)[-1]
+
+
+def roles(plan) -> tuple[int, int] | None:
+    """(attention owner, FFN owner) when the plan is an attention | FFN split, else None."""
+    if len(plan.owners) != 2:
+        return None
+    side: dict[int, set[str]] = {0: set(), 1: set()}
+    for st in plan.stages:
+        for op in st.operators:
+            k = _kind(op)
+            if k in ATTENTION_KINDS:
+                side[st.owner].add("attention")
+            elif k in FFN_KINDS:
+                side[st.owner].add("ffn")
+    if side[0] == {"attention"} and side[1] == {"ffn"}:
+        return 0, 1
+    if side[1] == {"attention"} and side[0] == {"ffn"}:
+        return 1, 0
+    return None
+
+
+def _dict_fits(plan_dict) -> bool:
+    from opweave_planner.contract import parse_plan
+    from opweave_planner.errors import UserError
+
+    try:
+        return roles(parse_plan(plan_dict, "alternative")) is not None
+    except UserError:
+        return False
+
+
+def fits(plan_dict, name: str) -> bool:
+    return plan_dict is not None and _dict_fits(plan_dict)
+
+
+def check(ctx: Context) -> tuple[int, int]:
+    plan = ctx.plan
+    mt = getattr(ctx.spec, "model_type", None)
+    if mt not in MODEL_TYPES:
+        raise Refusal(f"vllm-afd cannot run {plan.model} (model_type {mt or 'unknown'}): the AFD plugin "
+                      f"supports DeepSeek-V2/V3 models only; use --to vllm with a colocated plan")
+    pair = roles(plan)
+    if pair is None:
+        words = ("a colocated plan" if plan.num_stages == 1 else
+                 f"a {plan.num_stages}-stage plan over {len(plan.owners)} owners that is not an "
+                 "attention | FFN split")
+        raise refuse(ctx, words, fits)
+    a, f = (plan.owners[i] for i in pair)
+    ra, rf = a.replicas * a.tensor_parallel, f.replicas * f.tensor_parallel
+    if ra < rf or ra % rf:
+        raise Refusal(f"vllm-afd cannot run {ra} attention ranks with {rf} FFN ranks: the "
+                      f"{CONNECTOR} needs attention ranks >= FFN ranks and a multiple of them "
+                      f"(owner {a.index}: {a.replicas}x TP{a.tensor_parallel}, owner {f.index}: "
+                      f"{f.replicas}x TP{f.tensor_parallel})")
+    if plan.microbatches > 2:
+        raise Refusal(f"vllm-afd overlaps at most two microbatches (--enable-dbo); the plan interleaves "
+                      f"{plan.microbatches}")
+    return pair
+
+
+def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: int) -> dict[str, bytes]:
+    flags = FLAGS[ctx.version]
+    afd = {"afd": {"role": role, "connector": CONNECTOR, "host": "${AFD_HOST}", "port": AFD_PORT,
+                   "num_attention_ranks": ranks[0], "num_ffn_ranks": ranks[1]}}
+    extra = json.dumps(afd, separators=(",", ":"))
+    placement = ctx.placement(owner)
+    nodes = sorted({r.node for r in placement})
+    files = {}
+    for k, node in enumerate(nodes):
+        here = [r for r in placement if r.node == node]
+        devices = ",".join(str(d) for r in here for d in r.devices)
+        argv = ["vllm", "serve", ctx.model_id, flags["dp"], str(owner.replicas),
+                *_vllm.engine_args(ctx, owner, flags)]
+        if flags["ep"] not in argv:
+            argv.append(flags["ep"])  # the plugin's recipes always run the experts expert-parallel
+        if ctx.plan.microbatches == 2:
+            argv.append(flags["dbo"])
+        argv += [flags["extra"], extra]
+        if len(nodes) > 1:
+            argv += [flags["dp_local"], str(len(here)), flags["dp_addr"], "${HEAD_ADDRESS}",
+                     flags["dp_rpc"], str(DP_RPC_PORT)]
+        if k > 0:
+            argv += [flags["headless"], flags["dp_start"], str(here[0].index)]
+        else:
+            argv += [flags["host"], "0.0.0.0", flags["port"], str(port)]
+        lines = header(ctx, f"AFD {role} role, owner {owner.index} ({owner.replicas}x {owner.gpu} "
+                            f"TP{owner.tensor_parallel}, {owner.resident_batch} requests per replica = DP rank): "
+                            f"node {node} ({k + 1} of {len(nodes)} for this role), GPUs {devices}.")
+        lines += ["# AFD_HOST: the connector's rendezvous address, the same value on both roles.",
+                  'AFD_HOST="${AFD_HOST:-127.0.0.1}"']
+        if len(nodes) > 1:
+            lines.append(f'HEAD_ADDRESS="${{HEAD_ADDRESS:?set HEAD_ADDRESS to node {nodes[0]}}}"')
+        lines += ["export VLLM_USE_V2_MODEL_RUNNER=0  # the plugin supports model runner v1 only",
+                  f"export CUDA_VISIBLE_DEVICES={devices}",
+                  "exec " + shell_command(argv)]
+        files[f"{role}-node-{node}.sh"] = script(lines)
+    return files
+
+
+def render(ctx: Context) -> dict[str, bytes]:
+    ia, iff = check(ctx)
+    a, f = ctx.plan.owners[ia], ctx.plan.owners[iff]
+    ranks = (a.replicas * a.tensor_parallel, f.replicas * f.tensor_parallel)
+    files = {}
+    files.update(_role_scripts(ctx, "attention", a, ranks, BASE_PORT))
+    files.update(_role_scripts(ctx, "ffn", f, ranks, BASE_PORT + 1))
+    files["benchmark.sh"] = _vllm.benchmark(ctx, backend="vllm", what="the attention API server")
+    return files

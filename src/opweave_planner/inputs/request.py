@@ -1,0 +1,231 @@
+"""`PlanRequest`: every setting of one search, declared once.
+
+The field name is the setting's one name: the CLI flag is derived from it
+(`max_gpus` -> `--max-gpus`), a regen matrix uses it as its key, and the plan
+file records the search-space fields under `search.space.<name>`. Values are
+validated here and nowhere else; a bad value raises a `UserError` naming the
+flag. Adding a setting means adding a field here and using it where it acts.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from opweave_planner.errors import UserError
+from opweave_planner.inputs import units
+
+# Global resident batch sizes: powers of two and three times powers of two.
+DEFAULT_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+DEFAULT_TPS = (1, 2, 4, 8)
+MAX_BATCH = 1 << 16  # a replica never holds more resident requests than this
+MAX_GPU_BUDGET = 4096
+DEFAULT_RESERVE_GB = 3.5  # framework + CUDA context + allocator slack per GPU (aiconfigurator's figure)
+
+
+class Policy(StrEnum):
+    OPWEAVE = "opweave"
+    COLOCATED = "colocated"
+    AFD = "afd"
+    CAD = "cad"
+
+
+def _setting(description: str, *, flags: tuple[str, ...] = (), default: Any = None, cli: str = "",
+             space: bool = False, **kw: Any) -> Any:
+    """A request field with its CLI spelling; `space` marks fields recorded as the searched space."""
+    extra = {"flags": list(flags), "cli": cli, "space": space}
+    return Field(default=default, description=description, json_schema_extra=extra, **kw)
+
+
+def _split(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(s.strip() for s in value.split(",") if s.strip())
+    return value
+
+
+class PlanRequest(BaseModel):
+    """One search: model, SLO, workload, hardware inputs and the limits of the plan family."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+    model: str = _setting("Bundled model name, Hugging Face id or path to a config.json",
+                          flags=("--model", "-m"), default=...)
+    slo: float = _setting("TPOT SLO with a unit: 60ms, 0.06s, 60000us (stored in milliseconds)",
+                          default=..., cli="str")
+    ctx: int = _setting("Context length in tokens: 32k = 32768, 1.5k = 1536, or 131072",
+                        default=..., cli="str")
+    gpus: tuple[str, ...] = _setting(
+        "GPU types: h100 (homogeneous) or h100,a100 (any mix); default: every profiled type",
+        default=(), cli="str", space=True)
+    policy: Policy = _setting("opweave | colocated | afd | cad", default=Policy.OPWEAVE, cli="str")
+    tensor_parallel_sizes: tuple[int, ...] = _setting(
+        "Tensor-parallel degrees searched (comma list)", flags=("--tensor-parallel-sizes", "--tps"),
+        default=DEFAULT_TPS, cli="str", space=True)
+    batches: tuple[int, ...] = _setting("Global resident batch sizes searched (comma list)",
+                                        default=DEFAULT_BATCHES, cli="str", space=True)
+    max_owners: int = _setting("Most owners (device-group types) per template", default=3, space=True,
+                               ge=1, le=8)
+    max_microbatches: int = _setting("Most microbatches in flight", default=4, space=True, ge=1, le=64)
+    max_replicas: int = _setting("Most replicas per owner", default=4, space=True, ge=1, le=64)
+    max_gpus: int = _setting("GPU budget of a plan", default=32, space=True, ge=1, le=MAX_GPU_BUDGET)
+    max_stages: int | None = _setting("Most pipeline stages a plan may have (default: no limit)",
+                                      space=True, ge=1, le=100_000)
+    moe_expert_parallel: bool = _setting("Search expert-parallel variants for MoE owners",
+                                         flags=("--moe-expert-parallel/--no-moe-expert-parallel",),
+                                         default=True, space=True)
+    memory_reserve_gb: float | None = _setting(
+        f"Per-GPU memory kept for the framework, CUDA context and allocator, GiB (default "
+        f"{DEFAULT_RESERVE_GB}, plus NCCL buffers by TP)", flags=("--memory-reserve-gb", "--reserve-gb"),
+        space=True, ge=0, le=1024)
+    prices: str | None = _setting("TOML/JSON file: GPU id -> USD per GPU-hour")
+    catalog: str | None = _setting("TOML/JSON file adding or overriding GPU types")
+    profiles: str | None = _setting("Latency profile folder (default: shipped)")
+    backend: str = _setting("Profile backend", default="vllm")
+    network_bandwidth: float | None = _setting("Inter-node bandwidth: 32 (GB/s), 4GB/s or 100Gbps "
+                                               "(default 32 GB/s)", cli="str")
+    network_latency: float | None = _setting("Inter-node latency: 20 (us) or 0.02ms (default 20 us)",
+                                             cli="str")
+    pareto: bool = _setting("Per-owner network-safe Pareto frontiers (off: exhaustive points)",
+                            flags=("--pareto/--no-pareto",), default=True)
+    bnb: bool = _setting("Branch-and-bound pruning (off: every candidate simulated)",
+                         flags=("--bnb/--no-bnb",), default=True)
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slo(cls, v: Any) -> float:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not math.isfinite(v) or v <= 0:
+                raise UserError(f"--slo: '{v}' must be a finite positive number of milliseconds")
+            return float(v)
+        return units.parse_duration_ms(v, "--slo")
+
+    @field_validator("ctx", mode="before")
+    @classmethod
+    def _ctx(cls, v: Any) -> int:
+        return units.parse_tokens(v, "--ctx")
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy(cls, v: Any) -> Policy:
+        try:
+            return Policy(str(v).strip().lower())
+        except ValueError:
+            raise UserError(f"--policy: unknown policy '{v}'; expected one of "
+                            f"{', '.join(p.value for p in Policy)}") from None
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: Any) -> Any:
+        v = _split(v)
+        if isinstance(v, (list, tuple)):
+            return tuple(dict.fromkeys(str(g).strip().lower() for g in v if str(g).strip()))
+        return v
+
+    @field_validator("tensor_parallel_sizes", "batches", mode="before")
+    @classmethod
+    def _int_lists(cls, v: Any, info) -> Any:
+        flag = flag_of(info.field_name)
+        v = _split(v)
+        if not isinstance(v, (list, tuple)) or not v:
+            raise UserError(f"{flag}: expected a non-empty list of positive integers")
+        out = []
+        for x in v:
+            try:
+                n = int(x) if isinstance(x, str) else x
+            except ValueError:
+                n = None
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n > MAX_BATCH:
+                raise UserError(f"{flag}: '{x}' is not a positive integer up to {MAX_BATCH}")
+            out.append(n)
+        return tuple(sorted(set(out)))
+
+    @field_validator("tensor_parallel_sizes")
+    @classmethod
+    def _tps(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [t for t in v if t not in DEFAULT_TPS]
+        if bad:
+            raise UserError(f"--tensor-parallel-sizes: {bad[0]} unsupported; expected a subset of 1,2,4,8")
+        return v
+
+    @field_validator("network_bandwidth", mode="before")
+    @classmethod
+    def _bandwidth(cls, v: Any) -> float | None:
+        return None if v is None else units.parse_bandwidth_gbps(v, "--network-bandwidth")
+
+    @field_validator("network_latency", mode="before")
+    @classmethod
+    def _latency(cls, v: Any) -> float | None:
+        return None if v is None else units.parse_latency_us(v, "--network-latency")
+
+    @field_validator("memory_reserve_gb", mode="before")
+    @classmethod
+    def _reserve(cls, v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise UserError(f"--memory-reserve-gb: '{v}' must be a finite number of GiB")
+        return v
+
+    # ------------------------------------------------------------------ derived views
+    @property
+    def slo_ms(self) -> float:
+        return self.slo
+
+    @property
+    def reserve_gb(self) -> float:
+        """The per-GPU reserve in effect (the default when not given)."""
+        return DEFAULT_RESERVE_GB if self.memory_reserve_gb is None else self.memory_reserve_gb
+
+    def microbatch_grid(self) -> tuple[int, ...]:
+        """Every per-replica microbatch b = B / (mu n) that the grid can produce."""
+        values = {
+            b // (mu * n)
+            for b in self.batches
+            for mu in range(1, self.max_microbatches + 1)
+            for n in range(1, self.max_replicas + 1)
+            if b % (mu * n) == 0
+        }
+        return tuple(sorted(values))
+
+    def space_record(self) -> dict[str, Any]:
+        """The searched space as the plan file records it (`search.space`)."""
+        out = {name: getattr(self, name) for name in space_fields()}
+        out["memory_reserve_gb"] = self.reserve_gb
+        return out
+
+
+def field_meta(name: str) -> dict[str, Any]:
+    extra = PlanRequest.model_fields[name].json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def flag_of(name: str) -> str:
+    """The CLI spelling of a field (its first flag)."""
+    flags = field_meta(name).get("flags") or [f"--{name.replace('_', '-')}"]
+    return flags[0].split("/")[0]
+
+
+def space_fields() -> tuple[str, ...]:
+    return tuple(n for n in PlanRequest.model_fields if field_meta(n).get("space"))
+
+
+def make_request(**values: Any) -> PlanRequest:
+    """Validate user values into a PlanRequest; the first problem becomes one `UserError` line.
+
+    None values mean "not given" (the field's default applies), so the CLI, a matrix entry
+    and a library caller can all pass only what they set.
+    """
+    given = {k: v for k, v in values.items() if v is not None}
+    unknown = sorted(set(given) - set(PlanRequest.model_fields))
+    if unknown:
+        raise UserError(f"unknown setting '{unknown[0]}'; expected one of "
+                        f"{', '.join(PlanRequest.model_fields)}")
+    try:
+        return PlanRequest(**given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = str(err["loc"][0]) if err["loc"] else "request"
+        flag = flag_of(name) if name in PlanRequest.model_fields else name
+        got = err.get("input")
+        raise UserError(f"{flag}: {err['msg'].lower()} (got {got!r})") from None

@@ -1,0 +1,150 @@
+"""What the numba search reads and returns, as named tuples of plain arrays.
+
+`Problem` holds one template's stages, every device-group configuration's
+latency/weight/KV prefix sums and prices, the grid and the limits. It is built
+and size-checked here, once, in Python: numba does not bounds-check, so every
+implicit size rule (the microbatch index covers every b = B/(mu n), prefix sums
+have N+1 entries, `cfg_ok` has one row per owner) is asserted before a kernel
+runs. `Selection` names a complete plan inside a Problem; `Counters` are the
+search statistics. Time unit: microseconds; cost rate: USD per GPU-hour per
+resident request.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Problem(NamedTuple):
+    stage_owner: np.ndarray  # int64[S]: owner of each stage
+    stage_start: np.ndarray  # int64[S]: first operator (cyclic range [start, end))
+    stage_end: np.ndarray  # int64[S]
+    payload: np.ndarray  # float64[S]: bytes per request sent after stage j
+    k: int  # owners
+    pref: np.ndarray  # float64[C, M, N+1]: latency prefix sums per config and microbatch size
+    mpref: np.ndarray  # float64[C, M, N+1]: prefix sums of the measured part of the latency
+    wpref: np.ndarray  # float64[C, N+1]: weight bytes per GPU
+    kvpref: np.ndarray  # float64[C, N+1]: KV/state bytes per request per GPU
+    cfg_tp: np.ndarray  # int64[C]
+    cfg_price: np.ndarray  # float64[C]: USD per GPU-hour
+    cfg_mem: np.ndarray  # float64[C]: usable bytes per GPU
+    cfg_ws: np.ndarray  # float64[C]: workspace bytes per request per GPU
+    cfg_ok: np.ndarray  # bool[k, C]: configs an owner may take
+    cfg_gpu: np.ndarray  # int64[C]: GPU type index
+    cfg_node: np.ndarray  # int64[C]: GPUs per node
+    cfg_intra_bw: np.ndarray  # float64[C]: intra-node bytes per µs
+    mb_grid: np.ndarray  # int64[M]: microbatch size of each grid index
+    mb_index: np.ndarray  # int64[max b + 1]: grid index of a microbatch size, or -1
+    batches: np.ndarray  # int64: global batch sizes
+    max_mu: int
+    max_rep: int
+    max_gpus: float
+    bw: float  # inter-node bytes per µs
+    lat: float  # inter-node latency, µs
+    intra_lat: float  # intra-node latency, µs
+    slo: float  # µs
+    latency_objective: bool  # minimise T_rtt instead of cost (owner rates sum to one)
+
+
+class Selection(NamedTuple):
+    """A complete plan inside a Problem: global batch, microbatches, and per owner its
+    configuration, replica count and microbatch grid index."""
+
+    batch: int
+    mu: int
+    cfg: np.ndarray  # int64[k]
+    replicas: np.ndarray  # int64[k]
+    mb: np.ndarray  # int64[k]
+
+
+class Scratch(NamedTuple):
+    """Working arrays of one search or evaluation (no allocation in the hot loop)."""
+
+    sel: np.ndarray  # int64[k]: selected point index per owner
+    cfg: np.ndarray  # int64[k]: the selection as the evaluator reads it
+    mb: np.ndarray
+    bh: np.ndarray
+    rep: np.ndarray
+    bhf: np.ndarray  # float64[k]: bound scratch
+    eg: np.ndarray
+    ing: np.ndarray
+    t: np.ndarray  # float64[S]: stage vectors
+    occ: np.ndarray
+    latv: np.ndarray
+    fbuf: np.ndarray  # simulator scratch
+    ibuf: np.ndarray
+    counters: np.ndarray  # int64[4], Counters order
+    best_f: np.ndarray  # float64[4]: cost, t_rtt, gpus, incumbent
+    best_i: np.ndarray  # int64[2 + 3k]: B, mu, then (cfg, replicas, mb) per owner
+
+
+class Counters(NamedTuple):
+    candidates: int = 0
+    simulations: int = 0
+    pruned_by_bound: int = 0
+    pruned_by_frontier: int = 0
+
+    def __add__(self, other: Counters) -> Counters:  # type: ignore[override]
+        return Counters(*(a + b for a, b in zip(self, other, strict=True)))
+
+
+class SearchResult(NamedTuple):
+    """One template's best plan (`found` False: none) and its statistics."""
+
+    found: bool
+    cost: float  # cost rate x µs
+    t_rtt: float  # µs
+    gpus: float
+    selection: Selection
+    counters: Counters
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise ValueError(f"inconsistent search problem: {what}")
+
+
+def check_problem(p: Problem) -> Problem:
+    """Assert every size rule the kernels rely on (they do not bounds-check)."""
+    s = p.stage_owner.shape[0]
+    c_n, m_n, n1 = p.pref.shape
+    _check(s >= 1 and p.stage_start.shape == (s,) and p.stage_end.shape == (s,) and p.payload.shape == (s,),
+           "stage arrays differ in length")
+    _check(p.k >= 1 and int(p.stage_owner.min()) == 0 and int(p.stage_owner.max()) == p.k - 1,
+           "owners are not 0..k-1")
+    _check(bool(((p.stage_start >= 0) & (p.stage_start < n1) & (p.stage_end >= 0) & (p.stage_end < n1)).all()),
+           "stage ranges outside the operator sequence")
+    _check(p.mpref.shape == p.pref.shape, "mpref shape")
+    _check(p.wpref.shape == (c_n, n1) and p.kvpref.shape == (c_n, n1), "weight/KV prefix shapes")
+    for name in ("cfg_tp", "cfg_price", "cfg_mem", "cfg_ws", "cfg_gpu", "cfg_node", "cfg_intra_bw"):
+        _check(getattr(p, name).shape == (c_n,), f"{name} has not {c_n} entries")
+    _check(p.cfg_ok.shape == (p.k, c_n), "cfg_ok is not [k, C]")
+    _check(p.mb_grid.shape == (m_n,), "mb_grid length differs from the latency tables")
+    _check(p.batches.size >= 1 and int(p.batches.min()) >= 1, "empty or non-positive batch grid")
+    _check(p.mb_index.shape[0] >= int(p.batches.max()) + 1, "mb_index does not cover every b = B/(mu n)")
+    for i, b in enumerate(p.mb_grid):
+        _check(p.mb_index[b] == i, "mb_index and mb_grid disagree")
+    _check(p.max_mu >= 1 and p.max_rep >= 1, "max_mu / max_rep below 1")
+    return p
+
+
+def typed(p: Problem) -> Problem:
+    """Fix every field's dtype so numba compiles one specialisation (and its cache hits)."""
+    return p._replace(
+        stage_owner=np.ascontiguousarray(p.stage_owner, np.int64),
+        stage_start=np.ascontiguousarray(p.stage_start, np.int64),
+        stage_end=np.ascontiguousarray(p.stage_end, np.int64),
+        payload=np.ascontiguousarray(p.payload, np.float64), k=int(p.k),
+        cfg_ok=np.ascontiguousarray(p.cfg_ok, np.bool_),
+        mb_grid=np.ascontiguousarray(p.mb_grid, np.int64),
+        batches=np.ascontiguousarray(p.batches, np.int64),
+        max_mu=int(p.max_mu), max_rep=int(p.max_rep), max_gpus=float(p.max_gpus), bw=float(p.bw),
+        lat=float(p.lat), intra_lat=float(p.intra_lat), slo=float(p.slo),
+        latency_objective=bool(p.latency_objective))
+
+
+def selection(batch: int, mu: int, cfg, replicas, mb) -> Selection:
+    return Selection(int(batch), int(mu), np.asarray(cfg, np.int64), np.asarray(replicas, np.int64),
+                     np.asarray(mb, np.int64))

@@ -1,0 +1,157 @@
+"""Depth-first branch-and-bound over the owners' frontiers, one template at a time (numba).
+
+`search_template` walks every (B, mu) of the grid: owner points, the
+network-safe frontier, then a DFS that visits combinations in lexicographic
+order of the sorted point lists. A candidate replaces the incumbent only if it
+is cheaper, or equally cheap with fewer GPUs; pruning uses strict comparisons
+with a 1e-12 margin, so it never removes a candidate that could tie. The
+result therefore equals exhaustive enumeration (tests/test_search_exact.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from opweave_planner.search.bounds import lower_bound
+from opweave_planner.search.evaluate import (
+    NODE_TOL,
+    evaluate_into,
+    new_scratch,
+    plan_gpus,
+    plan_link,
+)
+from opweave_planner.search.points import (
+    C_BOUND,
+    C_CAND,
+    C_SIM,
+    build_points,
+    new_points,
+    owner_tables,
+    pareto_filter,
+    sort_points,
+)
+from opweave_planner.search.problem import Counters, Problem, SearchResult, Selection
+
+EPS = 1e-12
+
+
+@njit(cache=True)
+def _select(pts, sc, k):
+    for o in range(k):
+        q = sc.sel[o]
+        sc.cfg[o], sc.mb[o], sc.bh[o], sc.rep[o] = pts.c[o, q], pts.m[o, q], pts.bh[o, q], pts.n[o, q]
+
+
+@njit(cache=True)
+def _leaf(p, pts, sc, B, mu):
+    """Simulate a complete assignment that survived the bounds; keep it if it is the best."""
+    sc.counters[C_SIM] += 1
+    trtt = evaluate_into(p, mu, sc)
+    if trtt > p.slo * (1 + EPS):
+        return
+    rsum = 0.0
+    for o in range(p.k):
+        rsum += pts.r[o, sc.sel[o]]
+    gpus = plan_gpus(p, sc.cfg, sc.rep)
+    cost = trtt * rsum
+    bf = sc.best_f
+    if cost < bf[0] or (cost == bf[0] and gpus < bf[2] - NODE_TOL):
+        bf[0], bf[1], bf[2] = cost, trtt, gpus
+        bf[3] = min(bf[3], cost)
+        sc.best_i[0], sc.best_i[1] = B, mu
+        for o in range(p.k):
+            sc.best_i[2 + 3 * o] = sc.cfg[o]
+            sc.best_i[3 + 3 * o] = sc.rep[o]
+            sc.best_i[4 + 3 * o] = sc.mb[o]
+
+
+@njit(cache=True)
+def walk(p, ot, pts, sc, B, mu, opt_link, use_bnb):
+    """DFS over the product of the owners' sorted frontiers at one (B, mu)."""
+    k = p.k
+    level = 0
+    sc.sel[0] = -1
+    while level >= 0:
+        sc.sel[level] += 1
+        if sc.sel[level] >= pts.count[level]:
+            level -= 1
+            continue
+        depth = level + 1
+        incumbent = sc.best_f[3]
+        if use_bnb and incumbent < np.inf:
+            # points are sorted by r: once the optimistic cost with this point's r exceeds the
+            # incumbent (T bound with this owner still optimistic), every later point does too
+            t_opt, r_opt, _g = lower_bound(ot, pts, sc, level, B, mu, opt_link[0], opt_link[1])
+            if t_opt * (r_opt - pts.min_r[level] + pts.r[level, sc.sel[level]]) > incumbent * (1 + EPS):
+                sc.counters[C_BOUND] += pts.count[level] - sc.sel[level]
+                sc.sel[level] = pts.count[level]
+                continue
+        link_bw, link_lat = opt_link[0], opt_link[1]
+        if depth == k:
+            _select(pts, sc, k)
+            link_bw, link_lat, _intra = plan_link(p, sc.cfg, plan_gpus(p, sc.cfg, sc.rep))
+        if use_bnb or depth == k:
+            t_lb, rsum, gpus = lower_bound(ot, pts, sc, depth, B, mu, link_bw, link_lat)
+            if depth == k:
+                sc.counters[C_CAND] += 1
+            if (t_lb > p.slo * (1 + EPS) or gpus > p.max_gpus + NODE_TOL
+                    or t_lb * rsum > incumbent * (1 + EPS)):
+                sc.counters[C_BOUND] += 1
+                continue
+        if depth < k:
+            level = depth
+            sc.sel[level] = -1
+            continue
+        _leaf(p, pts, sc, B, mu)
+
+
+@njit(cache=True)
+def _collect(p, ot, B, mu, pts):
+    """Build every owner's points; -1 when an owner has none, else the summed minimum rho."""
+    rho_floor = 0.0
+    for o in range(p.k):
+        if build_points(p, ot, o, B, mu, pts) == 0:
+            return -1.0
+        rho_floor += pts.rho[o, :pts.count[o]].min()
+    return rho_floor
+
+
+@njit(cache=True)
+def _search(p, seed_cost, use_pareto, use_bnb):
+    ot = owner_tables(p)
+    pts = new_points(p)
+    sc = new_scratch(p, seed_cost)
+    node_max = p.cfg_node.max()
+    intra_max = p.cfg_intra_bw.max()
+    for bi in range(p.batches.shape[0]):
+        B = p.batches[bi]
+        for mu in range(1, p.max_mu + 1):
+            if B % mu != 0:
+                continue
+            rho_floor = _collect(p, ot, B, mu, pts)
+            if rho_floor < 0.0:
+                continue
+            # a single-node plan is still possible: bounds must assume the faster link
+            one_node = p.k > 1 and B * rho_floor <= node_max + NODE_TOL
+            opt_link = (max(p.bw, intra_max), min(p.lat, p.intra_lat)) if one_node else (p.bw, p.lat)
+            for o in range(p.k):
+                if use_pareto and pts.count[o] > 1:
+                    pareto_filter(p, ot, o, not one_node, pts, sc.counters)
+                sort_points(pts, o)
+            walk(p, ot, pts, sc, B, mu, opt_link, use_bnb)
+    return sc.best_f, sc.best_i, sc.counters
+
+
+def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,
+                    use_bnb: bool = True) -> SearchResult:
+    """The cheapest SLO-feasible Selection of one template's Problem over every (B, mu)."""
+    best_f, best_i, counters = _search(p, float(seed_cost), bool(use_pareto), bool(use_bnb))
+    k = p.k
+    found = bool(np.isfinite(best_f[0]))
+    sel = Selection(int(best_i[0]), int(best_i[1]), best_i[2::3][:k].copy(), best_i[3::3][:k].copy(),
+                    best_i[4::3][:k].copy())
+    return SearchResult(found, float(best_f[0]), float(best_f[1]), float(best_f[2]), sel,
+                        Counters(*(int(x) for x in counters)))

@@ -1,0 +1,222 @@
+"""Progress on stderr: periodic plain lines in logs, a final line always, the compile notice,
+and numba's on-disk cache read without importing numba."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from opweave_planner import report
+from opweave_planner.report import Progress, announce_compile, format_duration, numba_cache_is_warm
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _lines(buf: io.StringIO) -> list[str]:
+    return buf.getvalue().splitlines()
+
+
+def test_plain_lines_every_tenth_and_a_final_line():
+    buf, clock = io.StringIO(), Clock()
+    with Progress("templates", 100, file=buf, tty=False, clock=clock) as p:
+        for i in range(1, 101):
+            clock.t += 0.01
+            p(i, 100)
+    lines = _lines(buf)
+    assert len(lines) == 10  # 10%, 20%, ..., 90% and the final line
+    assert lines[0].startswith("templates: 10/100 (10%), elapsed ") and "ETA " in lines[0]
+    assert lines[-1] == "templates: 100/100 done in 1.0 s"
+
+
+def test_plain_lines_every_interval_when_progress_is_slow():
+    buf, clock = io.StringIO(), Clock()
+    with Progress("simulations", 1000, file=buf, tty=False, clock=clock, interval_s=5.0) as p:
+        for i in range(1, 31):  # 3% in 30 s: no 10% step, so the 5 s timer speaks
+            clock.t += 1.0
+            p.update(i)
+    lines = _lines(buf)
+    assert len(lines) == 6 + 1
+    assert lines[0] == "simulations: 5/1,000 (0%), elapsed 5.0 s, ETA 16 min 35 s"
+    assert lines[-1] == "simulations: 30/1,000 done in 30.0 s"
+
+
+def test_unknown_total_and_stopped_by_an_exception():
+    buf, clock = io.StringIO(), Clock()
+    with pytest.raises(KeyboardInterrupt), Progress("entries", file=buf, tty=False, clock=clock) as p:
+        clock.t += 6
+        p.advance(3)
+        raise KeyboardInterrupt
+    assert _lines(buf) == ["entries: 3 done, elapsed 6.0 s", "entries: stopped at 3 after 6.0 s"]
+
+
+def test_disabled_prints_nothing():
+    buf = io.StringIO()
+    with Progress("templates", 10, file=buf, tty=False, enabled=False) as p:
+        p(10)
+        p.log("[1/1] x: 1 USD/Mtok")
+    assert buf.getvalue() == ""
+
+
+def test_log_lines_reset_the_timer_but_not_the_steps():
+    buf, clock = io.StringIO(), Clock()
+    with Progress("regen", 270, file=buf, tty=False, clock=clock) as p:
+        for i in range(1, 11):
+            clock.t += 2.0
+            p.advance()
+            p.log(report.entry_line(i, 270, f"m{i}", 1.0, status="unchanged"))
+    lines = _lines(buf)
+    assert lines[:2] == ["[1/270] m1: 1 USD/Mtok (unchanged)", "[2/270] m2: 1 USD/Mtok (unchanged)"]
+    assert not any("elapsed" in ln for ln in lines[:-1])  # entry lines every 2 s are enough
+    assert lines[-1] == "regen: 10/270 done in 20.0 s"
+
+
+def test_on_a_terminal_a_bar_replaces_the_lines_and_the_final_line_stays():
+    buf = io.StringIO()
+    with Progress("templates", 50, file=buf, tty=True, interval_s=0.0) as p:
+        for i in range(1, 51):
+            p(i)
+    out = buf.getvalue()
+    assert "ETA" not in out and "(10%)" not in out
+    assert out.strip().splitlines()[-1].startswith("templates: 50/50 done in ")
+
+
+def test_progress_default_stream_is_stderr(capsys):
+    with Progress("x", 1, tty=False) as p:
+        p(1)
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.startswith("x: 1/1 done in ")
+
+
+@pytest.mark.parametrize("s, text", [(4.23, "4.2 s"), (185, "3 min 05 s"), (3720, "1 h 02 min")])
+def test_format_duration(s, text):
+    assert format_duration(s) == text
+
+
+def test_announce_compile_only_when_cold(capsys):
+    assert announce_compile(True) is False
+    assert announce_compile(False, enabled=False) is False
+    assert capsys.readouterr().err == ""
+    assert announce_compile(False) is True
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compiling" in err and "first run" in err
+
+
+# --------------------------------------------------------------------------- #
+# numba cache
+# --------------------------------------------------------------------------- #
+
+MODULE = textwrap.dedent('''
+    import numba
+    from numba import njit
+
+
+    @njit(cache=True)
+    def add(a, b):
+        return a + b
+
+
+    @numba.njit(cache=True, nogil=True)
+    def mul(a, b):
+        return a * b
+
+
+    @njit
+    def not_cached(a):
+        return a
+
+
+    class K:
+        @staticmethod
+        def plain():
+            return 1
+''')
+
+
+def _fake_index(folder: Path, module: Path, qualname: str, line: int, version: str,
+                digest: bytes | None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}{sys.abiflags}"
+    path = folder / f"{module.stem}.{qualname}-{line}.{tag}.nbi"
+    with path.open("wb") as f:
+        pickle.dump(version, f)
+        f.write(pickle.dumps((digest or b"\0" * 32, {})))
+    return path
+
+
+@pytest.fixture
+def kmod(tmp_path):
+    mod = tmp_path / "pkg" / "kern.py"
+    mod.parent.mkdir()
+    mod.write_text(MODULE)
+    return mod
+
+
+def test_finds_exactly_the_cached_functions_and_their_numba_line(kmod):
+    assert report._cached_functions(kmod.read_text()) == [("add", 6), ("mul", 11)]
+
+
+def test_warm_when_a_fresh_index_exists_and_every_named_one_is_fresh(kmod, monkeypatch):
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    version = report._numba_version()
+    digest = hashlib.sha256(kmod.read_bytes()).digest()
+    cache = kmod.parent / "__pycache__"
+    both = ("add", "mul")
+    assert report.numba_cache_dir(kmod) == cache
+    assert not numba_cache_is_warm(kmod)  # first run: nothing cached
+    _fake_index(cache, kmod, "add", 6, version, digest)
+    assert numba_cache_is_warm(kmod)  # mul may simply never be called
+    assert not numba_cache_is_warm(kmod, functions=both)
+    assert not numba_cache_is_warm(kmod, functions=("add", "nope"))
+    _fake_index(cache, kmod, "mul", 11, version, digest)
+    assert numba_cache_is_warm(kmod, functions=both)
+    _fake_index(cache, kmod, "mul", 11, "0.0.1", digest)
+    assert not numba_cache_is_warm(kmod, functions=both)  # another numba version recompiles
+    for name, line in (("add", 6), ("mul", 11)):  # the source changed after both were cached
+        os.utime(_fake_index(cache, kmod, name, line, version, b"\1" * 32), (1, 1))
+    assert not numba_cache_is_warm(kmod)
+
+
+def test_numba_cache_dir_env_and_user_wide_fallback(kmod, tmp_path, monkeypatch):
+    folder = os.path.dirname(os.path.abspath(kmod))
+    sub = "pkg_" + hashlib.sha1(folder.encode()).hexdigest()
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "nc")}
+    assert report.numba_cache_dir(kmod, env) == tmp_path / "nc" / sub
+    monkeypatch.setattr(os, "access", lambda p, m, **k: False)
+    if sys.platform.startswith("linux"):
+        assert report.numba_cache_dir(kmod, {"XDG_CACHE_HOME": str(tmp_path / "xdg")}) == \
+            tmp_path / "xdg" / "numba" / sub
+
+
+def test_agrees_with_numba_itself(kmod, tmp_path):
+    """Compile for real in a child with NUMBA_CACHE_DIR: cold before, warm after."""
+    pytest.importorskip("numba")
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{kmod.parent}",
+           "NUMBA_CACHE_DIR": str(tmp_path / "nc")}
+    check = ("import sys; from opweave_planner.report import numba_cache_is_warm as w; "
+             f"print(w({str(kmod)!r}), 'numba' in sys.modules)")
+    run = lambda code: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                      text=True, timeout=300, check=True).stdout.split()
+    assert run(check) == ["False", "False"]
+    run("import kern; kern.add(1, 2); kern.mul(2.0, 3.0)")
+    assert run(check) == ["True", "False"]
+
+
+def test_shipped_kernel_files_exist():
+    files = report.kernel_files()
+    assert files and all(f.is_file() and report._cached_functions(f.read_text()) for f in files)
