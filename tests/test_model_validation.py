@@ -535,7 +535,7 @@ HOSTILE = st.one_of(
     st.sampled_from(["full_attention", "linear_attention", "fp8", "mxfp4", "llama", "qwen3_next"]),
 )
 MUTATION = st.tuples(st.sampled_from(["set", "delete", "scale"]), st.sampled_from(READ_KEYS + QUANT_KEYS),
-                     HOSTILE, st.sampled_from([0, -1, 2, 1000, 10**9]))
+                     HOSTILE, st.sampled_from([0, -1, 2, 1000, 10**9]), st.booleans())
 
 
 def named_field(msg: str, where: str) -> str:
@@ -545,8 +545,9 @@ def named_field(msg: str, where: str) -> str:
     return re.sub(r"\[\d+\]", "", m.group(1)).removeprefix("text_config.") if m else ""
 
 
-def mutate(raw: dict, op: str, key: str, value, factor: int) -> None:
-    target = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+def mutate(raw: dict, op: str, key: str, value, factor: int, top: bool) -> None:
+    nested = raw.get("text_config")
+    target = nested if isinstance(nested, dict) and not top else raw
     if key in QUANT_KEYS:
         target = target.get("quantization_config")
         if not isinstance(target, dict):
