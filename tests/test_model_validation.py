@@ -81,7 +81,7 @@ INT_KEYS = ["hidden_size", "num_hidden_layers", "vocab_size", "num_attention_hea
 
 
 @pytest.mark.parametrize("key", INT_KEYS)
-@pytest.mark.parametrize("value", [[], {}, "12", 2.0, None if False else True])
+@pytest.mark.parametrize("value", [[], {}, "12", 2.0, True])
 def test_every_integer_key_rejects_other_types(key, value):
     assert f": {key}: expected a positive integer" in rejected(with_(B, **{key: value}))
 
@@ -190,7 +190,7 @@ def test_family_keys_are_required(name, key):
     assert re.search(rf"missing required key '(text_config\.)?{key}'", msg), msg
 
 
-@pytest.mark.parametrize("value", ["no", 0, 1, "false", None if False else [True]])
+@pytest.mark.parametrize("value", ["no", 0, 1, "false", [True]])
 def test_tie_word_embeddings_is_a_bool(value):
     assert rejected(with_(B, tie_word_embeddings=value)) == (
         f"{WHERE}: tie_word_embeddings: expected true or false, got {value!r}")
