@@ -99,9 +99,11 @@ def test_raw_hf_config_gets_family_defaults(tmp_path):
 @pytest.mark.parametrize("raw, needle", [
     ({"model_type": "llama", "num_hidden_layers": 2, "vocab_size": 10, "num_attention_heads": 2,
       "intermediate_size": 8}, "missing required key 'hidden_size'"),
-    ({"model_type": "mamba", "hidden_size": 8}, "model_type 'mamba' is not supported"),
+    ({"model_type": "mamba", "architectures": ["MambaForCausalLM"], "hidden_size": 768,
+      "num_hidden_layers": 24, "vocab_size": 50280, "state_size": 16},
+     "missing required key 'num_attention_heads'"),
     ({"model_type": "llama", "hidden_size": -8, "num_hidden_layers": 2, "vocab_size": 10,
-      "num_attention_heads": 2, "intermediate_size": 8}, "'hidden_size' must be a positive integer"),
+      "num_attention_heads": 2, "intermediate_size": 8}, "hidden_size: expected a positive integer, got -8"),
     ({"model_type": "qwen3", "hidden_size": 8, "num_hidden_layers": 2, "vocab_size": 10,
       "num_attention_heads": 2, "intermediate_size": 8, "use_sliding_window": True},
      "use_sliding_window=true"),
