@@ -123,7 +123,8 @@ def problem_of(inst) -> Problem:
         cfg_node=inst["cfg_node"], cfg_intra_bw=inst["cfg_intra_bw"], mb_grid=mb_grid,
         mb_index=inst["mb_index"], batches=inst["batches"], max_mu=inst["max_mu"], max_rep=inst["max_rep"],
         max_gpus=inst["max_gpus"], bw=inst["bw"], lat=inst["lat"], intra_lat=inst["intra_lat"],
-        slo=inst["slo"], latency_objective=inst.get("latency_objective", False))))
+        slo=inst["slo"], latency_objective=inst.get("latency_objective", False),
+        max_nodes=inst.get("max_nodes", math.inf), prune_factor=1.0 + EPS)))
 
 
 def run_kernel(inst, use_pareto, use_bnb):
@@ -158,7 +159,7 @@ def owner_points(prob, o, B, mu):
                 row = prob.pref[c, m]
                 tot += row[e] - row[s] if e > s else row[-1] - row[s] + row[e]
             tp = int(prob.cfg_tp[c])
-            r = cost_rate(prob, c, mu, bh)
+            r = cost_rate(prob.latency_objective, prob.k, prob.cfg_price[c], prob.cfg_tp[c], mu, bh)
             rho = tp / (mu * bh)
             pts.append({"key": (r, rho, bh, tot, c, n), "c": c, "n": n, "m": int(m), "tp": tp})
     pts.sort(key=lambda p: p["key"])

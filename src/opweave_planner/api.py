@@ -154,14 +154,28 @@ def _infeasible_reason(ctx, jobs: int) -> str:
             f"(policy {req.policy.value}, GPUs {','.join(req.gpus)})")
 
 
+def _simplest(outcome, slack: float):
+    """Fewest stages, then cheapest, then fewest GPUs, among template bests within `slack`."""
+    best = outcome.best
+    near = [c for c in outcome.found if c.cost <= best.cost * (1.0 + slack)]
+    return min(near, key=lambda c: (c.n_stages, c.cost, c.gpus, c.template_index))
+
+
 def plan(req: PlanRequest, jobs: int = 1, progress=None):
-    """Run the search; return (Plan, None) or (None, Infeasible)."""
+    """Run the search; return (Plan, None) or (None, Infeasible).
+
+    An opweave plan lists the cheapest plan of each simpler class (`alternatives`), from the
+    same search; with --prefer-simpler the plan is the simplest within that share of the
+    optimum, and the optimum is listed too.
+    """
+    from opweave_planner.inputs.request import Policy
     from opweave_planner.plan import (
         Infeasible,
         Workload,
         build_plan,
         schema_version_for,
         search_stats,
+        with_alternatives,
     )
     from opweave_planner.search.driver import make_context, run_search
 
@@ -173,9 +187,19 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
         return None, Infeasible(schema_version=schema_version_for(stats.space), model=ctx.seq.model.name,
                                 workload=Workload(context_tokens=req.ctx, tpot_slo_ms=req.slo_ms),
                                 policy=str(req.policy.value), reason=reason)
-    best = outcome.best
-    doc, _ev = build_plan(ctx, best.template, best.selection, stats, scored_t_rtt_us=best.t_rtt_us)
-    return doc, None
+
+    def build(cand):
+        doc, _ev = build_plan(ctx, cand.template, cand.selection, stats, scored_t_rtt_us=cand.t_rtt_us)
+        return doc
+
+    chosen = outcome.best if req.prefer_simpler is None else _simplest(outcome, req.prefer_simpler)
+    doc = build(chosen)
+    if req.policy != Policy.OPWEAVE:
+        return doc, None
+    named = {name: build(c) for name, c in outcome.alternatives.items() if c is not None}
+    if chosen is not outcome.best:
+        named["optimum"] = build(outcome.best)
+    return with_alternatives(doc, named), None
 
 
 SHOW_MICROBATCHES = (1, 4, 16, 64, 256)

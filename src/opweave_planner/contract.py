@@ -285,7 +285,8 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     network), with `overrides` (PlanRequest field names; None = keep the plan's)."""
     from opweave_planner.inputs.request import make_request
 
-    values: dict[str, Any] = {"model": plan.model, "slo": plan.workload.tpot_slo_ms,
+    model = getattr(plan, "model_source", None) or plan.model
+    values: dict[str, Any] = {"model": model, "slo": plan.workload.tpot_slo_ms,
                               "ctx": plan.workload.context_tokens, "policy": plan.policy}
     if isinstance(plan, Plan):
         values.update(plan.search.space.model_dump())

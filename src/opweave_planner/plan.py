@@ -23,7 +23,8 @@ from opweave_planner.report import dumps
 SCHEMA_VERSION = "1.2"
 # Keys added after 1.0, with the MINOR that introduced them: a file is stamped with the lowest
 # version whose schema covers the keys it actually carries, so old readers keep reading it.
-_MINOR_KEYS = (("max_stages", 2),)
+_MINOR_KEYS = (("max_stages", 2), ("max_nodes", 2), ("gpus_per_node", 2), ("memory_headroom", 2),
+               ("prefer_simpler", 2))
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -108,6 +109,15 @@ class SpaceOut(_Frozen):
     max_gpus: int = _f("GPU budget of a plan", ge=1)
     max_stages: int | None = _f("Most pipeline stages a plan may have (absent: no limit); added in "
                                 "schema 1.2", default=None, ge=1)
+    max_nodes: int | None = _f("Most nodes a plan may occupy (absent: no limit); added in schema 1.2",
+                               default=None, ge=1)
+    gpus_per_node: int | None = _f("GPUs per node of the deployment (absent: each GPU type's catalog "
+                                   "figure); added in schema 1.2", default=None, ge=1)
+    memory_headroom: float | None = _f("Share of usable GPU memory kept free (absent: 0); added in "
+                                       "schema 1.2", default=None, ge=0, lt=1)
+    prefer_simpler: float | None = _f("The plan is the simplest (fewest stages, then cheapest, then "
+                                      "fewest GPUs) within this share of the optimum, which is listed "
+                                      "under alternatives.optimum; added in schema 1.2", default=None, ge=0)
     moe_expert_parallel: bool = _f("Expert-parallel variants searched for MoE owners")
     memory_reserve_gb: float = _f("Per-GPU memory held back for framework/CUDA context, GiB", ge=0)
 
@@ -146,6 +156,9 @@ class Plan(_Frozen):
 
     schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
     model: str = _f("Model name")
+    model_source: str | None = _f("Absolute path of the config.json the plan was made from, when it was "
+                                  "not a bundled model or Hugging Face id (what simulate and regen "
+                                  "reload); added in schema 1.2", default=None)
     workload: Workload
     policy: str = _f("Plan family searched: opweave, colocated, afd or cad")
     usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)
@@ -163,6 +176,22 @@ class Plan(_Frozen):
     metrics: Metrics
     search: SearchStats
     provenance: Provenance
+    alternatives: dict[str, Alternative] | None = _f(
+        "Cheapest plan of each simpler class that has one: colocated (one stage), two_owner (at most "
+        "two device-group types, AFD/CAD-like), single_gpu_type; and optimum when --prefer-simpler "
+        "chose a simpler plan than the cheapest. Added in schema 1.2", default=None)
+
+
+class Alternative(_Frozen):
+    """The cheapest plan of a simpler class, found by the same search (exact over the grid)."""
+
+    usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)
+    tpot_ms: float = _f("Steady-state time per output token, milliseconds", gt=0)
+    cost_delta_pct: float = _f("Cost relative to this file's plan, percent (+: dearer)")
+    tpot_delta_pct: float = _f("TPOT relative to this file's plan, percent (+: slower)")
+    num_stages: int = _f("Stages in the decode loop", ge=1)
+    gpus_total: int = _f("GPUs in the alternative", ge=1)
+    plan: Plan = _f("The alternative as a complete plan (its own alternatives omitted)")
 
 
 class Infeasible(_Frozen):
@@ -215,13 +244,30 @@ def space_record(req) -> SpaceOut:
     return SpaceOut(**{**req.space_record(), "gpus": list(req.gpus)})
 
 
-def schema_version_for(space: SpaceOut) -> str:
-    """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction)."""
-    minor = 1
+def schema_version_for(space: SpaceOut, alternatives: bool = False) -> str:
+    """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction; 1.2:
+    alternatives, model_source and the deployment constraints; `alternatives` says a 1.2
+    key outside the searched space is present)."""
+    minor = 2 if alternatives else 1
     for key, since in _MINOR_KEYS:
         if getattr(space, key) is not None:
             minor = max(minor, since)
     return f"{SCHEMA_MAJOR}.{minor}"
+
+
+def _pct(new: float, base: float) -> float:
+    return _round((new / base - 1.0) * 100.0, 6) if base else 0.0
+
+
+def with_alternatives(plan: Plan, named: dict[str, Plan]) -> Plan:
+    """`plan` with an `alternatives` section (schema 1.2) listing `named` against it."""
+    alts = {name: Alternative(
+        usd_per_million_tokens=p.usd_per_million_tokens, tpot_ms=p.tpot_ms,
+        cost_delta_pct=_pct(p.usd_per_million_tokens, plan.usd_per_million_tokens),
+        tpot_delta_pct=_pct(p.tpot_ms, plan.tpot_ms), num_stages=p.num_stages, gpus_total=p.gpus_total,
+        plan=p) for name, p in named.items()}
+    return plan.model_copy(update={"alternatives": alts, "schema_version": schema_version_for(
+        plan.search.space, alternatives=True)})
 
 
 class CriticalResource(IntEnum):
@@ -295,6 +341,7 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     from opweave_planner.structure.operators import SLOTS
 
     seq, req = ctx.seq, ctx.request
+    source = seq.model.source if seq.model.source.startswith("/") else None
     splan, prob = ctx.problem(template, batches=(sel.batch,))
     ev = evaluate(prob, sel)
     if scored_t_rtt_us is not None and abs(ev.t_rtt - scored_t_rtt_us) > 1e-9 * abs(scored_t_rtt_us):
@@ -308,7 +355,8 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     prov = provenance(ctx.hw, seq, search.space.gpus, req.profiles, req.backend)
     order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(prob.stage_owner, mu, k)]
     return Plan(
-        schema_version=schema_version_for(search.space), model=seq.model.name,
+        schema_version=schema_version_for(search.space, alternatives=source is not None),
+        model=seq.model.name, model_source=source,
         workload=Workload(context_tokens=req.ctx, tpot_slo_ms=req.slo_ms),
         policy=str(req.policy.value), usd_per_million_tokens=_round(usd_per_mtok), tpot_ms=_round(ev.t_rtt / 1e3),
         microbatches=mu, global_batch=sel.batch, gpus_total=gpus_total, num_stages=s,
@@ -325,6 +373,10 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
 def search_stats(req, outcome) -> SearchStats:
     return SearchStats(templates=outcome.templates, exhaustive=not (req.pareto or req.bnb),
                        space=space_record(req), **outcome.counters._asdict())
+
+
+Alternative.model_rebuild()
+Plan.model_rebuild()
 
 
 def plan_bytes(plan: BaseModel) -> bytes:

@@ -192,6 +192,14 @@ def summary_lines(plan: Any, *, alternatives: Sequence[tuple[str, float | None, 
             alts.append(f"{name} {usd:.4f} USD/M tokens" + (f", TPOT {tpot:.2f} ms" if tpot is not None else "")
                         + rel)
         lines.append("alternatives: " + "; ".join(alts))
+    for name, alt in sorted((_get(plan, "alternatives") or {}).items()):
+        lines.append(f"  {name + ':':<17} {_get(alt, 'usd_per_million_tokens'):.4f} USD/M tokens "
+                     f"({_get(alt, 'cost_delta_pct'):+.2f} %), TPOT {_get(alt, 'tpot_ms'):.2f} ms "
+                     f"({_get(alt, 'tpot_delta_pct'):+.1f} %), {_get(alt, 'gpus_total')} GPUs, "
+                     f"{_get(alt, 'num_stages')} stage{'s' if _get(alt, 'num_stages') != 1 else ''}")
+    if _get(plan, "alternatives"):
+        lines.insert(len(lines) - len(_get(plan, "alternatives")),
+                     "simpler alternatives (same search; cost and TPOT relative to this plan):")
     return lines
 
 

@@ -73,6 +73,17 @@ class PlanRequest(BaseModel):
     max_gpus: int = _setting("GPU budget of a plan", default=32, space=True, ge=1, le=MAX_GPU_BUDGET)
     max_stages: int | None = _setting("Most pipeline stages a plan may have (default: no limit)",
                                       space=True, ge=1, le=100_000)
+    max_nodes: int | None = _setting("Most nodes a plan may occupy (default: no limit)", space=True,
+                                     ge=1, le=MAX_GPU_BUDGET)
+    gpus_per_node: int | None = _setting("GPUs per node of the deployment (default: each GPU type's "
+                                         "catalog figure; a smaller value also caps TP)", space=True,
+                                         ge=1, le=64)
+    memory_headroom: float | None = _setting("Share of usable GPU memory kept free: 0.1 or 10% "
+                                             "(default 0)", space=True, cli="str")
+    prefer_simpler: float | None = _setting(
+        "Return the simplest plan (fewest stages, then cheapest, then fewest GPUs) whose cost is "
+        "within this share of the optimum: 0.01 or 1% (the optimum is still reported)", space=True,
+        cli="str")
     moe_expert_parallel: bool = _setting("Search expert-parallel variants for MoE owners",
                                          flags=("--moe-expert-parallel/--no-moe-expert-parallel",),
                                          default=True, space=True)
@@ -159,6 +170,12 @@ class PlanRequest(BaseModel):
     @classmethod
     def _latency(cls, v: Any) -> float | None:
         return None if v is None else units.parse_latency_us(v, "--network-latency")
+
+    @field_validator("memory_headroom", "prefer_simpler", mode="before")
+    @classmethod
+    def _share(cls, v: Any, info) -> float | None:
+        return None if v is None else units.parse_share(v, flag_of(info.field_name), below_one=(
+            info.field_name == "memory_headroom"))
 
     @field_validator("memory_reserve_gb", mode="before")
     @classmethod

@@ -80,6 +80,23 @@ def parse_latency_us(text: object, field: str = "--network-latency") -> float:
     return parse_duration_ms(text, field) * 1e3
 
 
+_SHARE = re.compile(rf"\s*{_NUMBER}\s*(%?)\s*")
+
+
+def parse_share(text: object, field: str, below_one: bool = False) -> float:
+    """'10%' or '0.1' -> 0.1; a share of something, 0 <= x (< 1 when `below_one`)."""
+    if isinstance(text, bool):
+        raise UserError(f"{field}: '{text}' is not a share; expected e.g. 0.1 or 10%")
+    m = _SHARE.fullmatch(str(text))
+    if not m:
+        raise UserError(f"{field}: '{text}' is not a share; expected e.g. 0.1 or 10%")
+    value = float(m.group(1)) / (100.0 if m.group(2) else 1.0)
+    if not math.isfinite(value) or value < 0 or (below_one and value >= 1) or value > 10:
+        bound = "in [0, 1)" if below_one else "between 0 and 10 (1000%)"
+        raise UserError(f"{field}: '{text}' must be a share {bound}")
+    return value
+
+
 def label_tokens(n: int) -> str:
     """32768 -> '32k' (for file names and tables); other counts stay as digits."""
     return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)

@@ -47,6 +47,11 @@ class SearchArrays:
     intra_lat: float  # intra-node µs
 
 
+def node_size(gpu: GpuType, req: PlanRequest) -> int:
+    """GPUs per node: the catalog's, or the deployment's --gpus-per-node when smaller."""
+    return gpu.gpus_per_node if req.gpus_per_node is None else min(gpu.gpus_per_node, req.gpus_per_node)
+
+
 def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> SearchArrays:
     """Every (GPU type, TP, expert-parallel) configuration of the request, as arrays."""
     gpus, tps, moe_ep = req.gpus, req.tensor_parallel_sizes, req.moe_expert_parallel
@@ -56,7 +61,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
     for gid in gpus:
         g = hw.resolve(gid)
         for tp in tps:
-            if tp > g.gpus_per_node:
+            if tp > node_size(g, req):
                 continue
             configs.append(Config(g, Parallel(tp)))
             if has_moe and moe_ep and tp > 1:
@@ -78,6 +83,8 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
         wpref[c, 1:] = np.cumsum([weight_shard(op, tp) for op in seq.ops])
         kvpref[c, 1:] = np.cumsum([kv_shard(op, tp, context) for op in seq.ops])
         cfg_mem[c] = cfg.gpu.memory_bytes - (reserve + NCCL_RESERVE_GB.get(tp, 0.383)) * GIB
+        if req.memory_headroom:
+            cfg_mem[c] *= 1.0 - req.memory_headroom
         # activation buffers (a few live tensors) and the fp32 logits slice
         cfg_ws[c] = 4 * max_out + 4.0 * seq.model.vocab_size / tp
     moe_pref = np.zeros(n + 1, np.int64)
@@ -92,7 +99,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
         cfg_mem=cfg_mem, cfg_ws=cfg_ws,
         cfg_ep=np.array([c.parallel.moe_ep for c in configs]),
         cfg_gpu=np.array([hw.ids().index(c.gpu.id) for c in configs], np.int64),
-        cfg_node=np.array([c.gpu.gpus_per_node for c in configs], np.int64),
+        cfg_node=np.array([node_size(c.gpu, req) for c in configs], np.int64),
         cfg_intra_bw=np.array([c.gpu.intra_node_gbps * 1e3 for c in configs]),
         mb_index=mb_index,
         bw=hw.network.inter_node_gbps * 1e3,
@@ -121,18 +128,28 @@ def stage_arrays(seq: OperatorSequence, plan: StagePlan) -> StageArrays:
                        np.array(boundary_payload(seq, plan)), k)
 
 
+PRUNE_EPS = 1e-12  # pruning margin: a candidate that could tie the incumbent is never pruned
+
+
 def make_problem(arrays: SearchArrays, st: StageArrays, req: PlanRequest, *, batches: tuple[int, ...],
-                 slo_us: float, latency_objective: bool = False) -> Problem:
-    """The Problem of one template: its stages over every configuration of the request."""
+                 slo_us: float, latency_objective: bool = False, only_gpu: int | None = None) -> Problem:
+    """The Problem of one template: its stages over every configuration of the request
+    (`only_gpu`: restricted to the configurations of one GPU type index)."""
+    ok = owner_ok(arrays, st)
+    if only_gpu is not None:
+        ok = ok & (arrays.cfg_gpu == only_gpu)[None, :]
+    slack = 0.0 if req.prefer_simpler is None else req.prefer_simpler
     return check_problem(typed(Problem(
         stage_owner=st.owner, stage_start=st.start, stage_end=st.end, payload=st.payload, k=st.k,
         pref=arrays.pref, mpref=arrays.mpref, wpref=arrays.wpref, kvpref=arrays.kvpref,
         cfg_tp=arrays.cfg_tp, cfg_price=arrays.cfg_price, cfg_mem=arrays.cfg_mem, cfg_ws=arrays.cfg_ws,
-        cfg_ok=owner_ok(arrays, st), cfg_gpu=arrays.cfg_gpu, cfg_node=arrays.cfg_node,
+        cfg_ok=ok, cfg_gpu=arrays.cfg_gpu, cfg_node=arrays.cfg_node,
         cfg_intra_bw=arrays.cfg_intra_bw, mb_grid=np.array(arrays.mb_grid, np.int64),
         mb_index=arrays.mb_index, batches=np.array(batches, np.int64), max_mu=req.max_microbatches,
         max_rep=req.max_replicas, max_gpus=req.max_gpus, bw=arrays.bw, lat=arrays.lat,
-        intra_lat=arrays.intra_lat, slo=slo_us, latency_objective=latency_objective)))
+        intra_lat=arrays.intra_lat, slo=slo_us, latency_objective=latency_objective,
+        max_nodes=float("inf") if req.max_nodes is None else req.max_nodes,
+        prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS))))
 
 
 def owner_ok(arrays: SearchArrays, st: StageArrays) -> np.ndarray:

@@ -10,41 +10,44 @@ evaluator, at the optimistic microbatch and the fastest link still possible.
 
 from __future__ import annotations
 
-from numba import njit
-
 from opweave_planner.search.evaluate import transfer_occupancy
+from opweave_planner.search.problem import hot
 
 
-@njit(cache=True)
+@hot
 def lower_bound(ot, pts, sc, level, B, mu, link_bw, link_lat):
     """(T_rtt bound µs, cost-rate sum bound, GPUs bound); uses sc.bhf/eg/ing as scratch."""
-    k = ot.count.shape[0]
+    # tuple fields bound to locals once: numba reference-counts every field access
+    sel, total, r, rho, bh = sc.sel, pts.total, pts.r, pts.rho, pts.bh
+    min_total, min_r, min_rho, min_bh = pts.min_total, pts.min_r, pts.min_rho, pts.min_bh
+    bhf, eg, ing, pair, n_cross = sc.bhf, sc.eg, sc.ing, ot.pair_payload, ot.n_cross
+    k = bhf.shape[0]
     comp = 0.0
     loop = 0.0
     rsum = 0.0
     gpus = 0.0
     for o in range(k):
         if o < level:
-            q = sc.sel[o]
-            s_, r_, rho_, b_ = pts.total[o, q], pts.r[o, q], pts.rho[o, q], pts.bh[o, q]
+            q = sel[o]
+            s_, r_, rho_, b_ = total[o, q], r[o, q], rho[o, q], bh[o, q]
         else:
-            s_, r_, rho_, b_ = pts.min_total[o], pts.min_r[o], pts.min_rho[o], pts.min_bh[o]
+            s_, r_, rho_, b_ = min_total[o], min_r[o], min_rho[o], min_bh[o]
         comp = max(comp, mu * s_)
         loop += s_
         rsum += r_
         gpus += B * rho_
-        sc.bhf[o] = b_
+        bhf[o] = b_
     for o in range(k):
-        sc.eg[o] = 0.0
-        sc.ing[o] = 0.0
+        eg[o] = 0.0
+        ing[o] = 0.0
     for a in range(k):
         for b in range(k):
-            if ot.pair_payload[a, b] > 0.0:
-                occ = transfer_occupancy(ot.pair_payload[a, b], sc.bhf[a], sc.bhf[b], link_bw)
-                loop += occ + ot.n_cross[a, b] * link_lat
-                sc.eg[a] += mu * occ
-                sc.ing[b] += mu * occ
+            if pair[a, b] > 0.0:
+                occ = transfer_occupancy(pair[a, b], bhf[a], bhf[b], link_bw)
+                loop += occ + n_cross[a, b] * link_lat
+                eg[a] += mu * occ
+                ing[b] += mu * occ
     t_lb = max(comp, loop)
     for o in range(k):
-        t_lb = max(t_lb, sc.eg[o], sc.ing[o])
+        t_lb = max(t_lb, eg[o], ing[o])
     return t_lb, rsum, gpus

@@ -9,6 +9,7 @@ Across templates the winner is the smallest (cost, GPUs, stages, template order)
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 from opweave_planner.inputs.hardware import Hardware, load_hardware
@@ -38,11 +39,21 @@ class Candidate:
         return (self.cost, self.gpus, self.n_stages, self.template_index)
 
 
+# simpler plan classes reported beside the optimum (plan file `alternatives`)
+ALTERNATIVES = ("colocated", "two_owner", "single_gpu_type")
+
+
 @dataclass
 class SearchOutcome:
     best: Candidate | None
     counters: Counters = field(default_factory=Counters)
     templates: int = 0
+    # the cheapest plan of each simpler class (None: the class has no feasible plan)
+    alternatives: dict[str, Candidate | None] = field(default_factory=dict)
+    # every template's best found within the prune factor (what --prefer-simpler chooses from)
+    found: list[Candidate] = field(default_factory=list)
+    # (phase, templates, seconds) in the order they ran (benchmarks/bench_main_command.py)
+    phases: list[tuple[str, int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -56,14 +67,14 @@ class Context:
     templates: list[Template]
 
     def problem(self, template: Template, *, slo_us: float | None = None, latency_objective: bool = False,
-                batches: tuple[int, ...] | None = None) -> tuple[StagePlan, Problem]:
+                batches: tuple[int, ...] | None = None, only_gpu: int | None = None) -> tuple[StagePlan, Problem]:
         """The template's expansion and its Problem under this request."""
         splan = expand(self.seq, template)
         req = self.request
         prob = make_problem(self.arrays, stage_arrays(self.seq, splan), req,
                             batches=req.batches if batches is None else batches,
                             slo_us=req.slo_ms * 1e3 if slo_us is None else slo_us,
-                            latency_objective=latency_objective)
+                            latency_objective=latency_objective, only_gpu=only_gpu)
         return splan, prob
 
 
@@ -79,15 +90,28 @@ def make_context(req: PlanRequest, hw: Hardware | None = None, seq: OperatorSequ
     return Context(req, hw, seq, arrays, templates_for(seq, req.policy, req.max_owners))
 
 
-def _search_one(ctx: Context, index: int, seed_cost: float, slo_us: float, latency_objective: bool):
+@dataclass(frozen=True)
+class Phase:
+    """One pass over some templates with a fixed seed (fixed per phase, so --jobs gives the
+    same bytes): `only_gpu` restricts every owner to one GPU type index."""
+
+    indices: tuple[int, ...]
+    seed: float
+    slo_us: float
+    latency_objective: bool
+    only_gpu: int | None = None
+
+
+def _search_one(ctx: Context, index: int, ph: Phase):
     from opweave_planner.search.walk import search_template
 
     tmpl = ctx.templates[index]
-    splan, prob = ctx.problem(tmpl, slo_us=slo_us, latency_objective=latency_objective)
+    splan, prob = ctx.problem(tmpl, slo_us=ph.slo_us, latency_objective=ph.latency_objective,
+                              only_gpu=ph.only_gpu)
     req = ctx.request
     if req.max_stages is not None and splan.n_stages > req.max_stages:
         return None, Counters()
-    res = search_template(prob, seed_cost, req.pareto, req.bnb)
+    res = search_template(prob, ph.seed, req.pareto, req.bnb)
     cand = None
     if res.found:
         cand = Candidate(index, tmpl, res.cost, res.t_rtt, round(res.gpus), splan.n_stages, res.selection)
@@ -97,14 +121,15 @@ def _search_one(ctx: Context, index: int, seed_cost: float, slo_us: float, laten
 _WORKER: dict = {}
 
 
-def _worker_run(req: PlanRequest, indices: list[int], seed: float, slo_us: float, lat_obj: bool):
+def _worker_run(req: PlanRequest, indices: list[int], ph: Phase):
     ctx = _WORKER.get(req)
     if ctx is None:
         ctx = _WORKER[req] = make_context(req)
-    return [_search_one(ctx, i, seed, slo_us, lat_obj) for i in indices]
+    return [_search_one(ctx, i, ph) for i in indices]
 
 
 def _better(a: Candidate | None, b: Candidate | None) -> Candidate | None:
+    """The smaller by (cost, GPUs, stages, template order); on an exact tie the first."""
     if a is None:
         return b
     if b is None:
@@ -112,43 +137,106 @@ def _better(a: Candidate | None, b: Candidate | None) -> Candidate | None:
     return a if a.order_key() <= b.order_key() else b
 
 
+def _single_type(ctx: Context, cand: Candidate) -> bool:
+    return len({int(ctx.arrays.cfg_gpu[c]) for c in cand.selection.cfg}) == 1
+
+
+class _Run:
+    """The phases of one search, sharing a progress count and the interrupt check."""
+
+    def __init__(self, ctx: Context, jobs: int, progress, check, total: int) -> None:
+        self.ctx, self.jobs, self.progress, self.check = ctx, jobs, progress, check
+        self.done, self.total = 0, total
+        self.counters = Counters()
+        self.timings: list[tuple[str, int, float]] = []
+
+    def phase(self, name: str, ph: Phase) -> list[Candidate]:
+        """Run one phase; the candidates it found, in template order."""
+        start = time.perf_counter()
+        try:
+            return self._phase(ph)
+        finally:
+            self.timings.append((name, len(ph.indices), time.perf_counter() - start))
+
+    def _phase(self, ph: Phase) -> list[Candidate]:
+        if self.jobs <= 1 or len(ph.indices) < 2 * self.jobs:
+            runs = ([(i, _search_one(self.ctx, i, ph))] for i in ph.indices)
+        else:
+            runs = _pooled(self.ctx, list(ph.indices), self.jobs, ph)
+        found: dict[int, Candidate] = {}
+        for results in runs:
+            for i, (cand, counters) in results:
+                self.counters += counters
+                if cand is not None:
+                    found[i] = cand
+                self.done += 1
+            if self.progress:
+                self.progress(self.done, self.total)
+            self.check()
+        return [found[i] for i in sorted(found)]
+
+
+def _pooled(ctx: Context, rest: list[int], jobs: int, ph: Phase):
+    """Chunks of templates on worker processes, yielded in a fixed order (same bytes as jobs=1)."""
+    chunks = [rest[i::jobs * 4] for i in range(jobs * 4)]
+    with process_pool(jobs) as pool:
+        futures = [(ch, pool.submit(_worker_run, ctx.request, ch, Phase(tuple(ch), ph.seed, ph.slo_us,
+                                                                          ph.latency_objective, ph.only_gpu)))
+                   for ch in chunks if ch]
+        for ch, fut in futures:
+            yield list(zip(ch, fut.result(), strict=True))
+
+
+def _min_cost(cands) -> float:
+    return min((c.cost for c in cands if c is not None), default=math.inf)
+
+
 def run_search(ctx: Context, jobs: int = 1, progress=None, slo_ms: float | None = None,
                latency_objective: bool = False) -> SearchOutcome:
     """Search every template of the context's policy; deterministic for any `jobs`.
 
-    Ctrl-C and SIGTERM are deferred to between kernel calls (never raised inside a numba
-    frame) and then stop the search; worker processes die with their parent.
+    Phases, each with a fixed seed: (1) the colocated template, exact; (2) two-owner templates
+    seeded by it, exact up to the colocated cost; (3) with several GPU types, every template
+    restricted to one type, seeded by the cheapest single-type plan so far (the single-GPU-type
+    alternative, and a tight seed); (4) the remaining templates over every type, seeded by the
+    cheapest plan found. A seed only prunes candidates dearer than a plan already found, so the
+    optimum (and, on ties, which plan wins) is that of one unseeded pass. Ctrl-C and SIGTERM
+    are deferred to between kernel calls; worker processes die with their parent.
     """
     slo_us = (ctx.request.slo_ms if slo_ms is None else slo_ms) * 1e3
     n = len(ctx.templates)
+    types = sorted({int(g) for g in ctx.arrays.cfg_gpu})
+    owners = [t.k for t in ctx.templates]
+    two = tuple(i for i in range(1, n) if owners[i] == 2)
+    rest = tuple(i for i in range(1, n) if owners[i] > 2)
+    total = 1 + len(two) + len(rest) + ((n - 1) * len(types) if len(types) > 1 else 0)
     with deferred_interrupts() as check:
-        # phase 1: the colocated (or first) template seeds the incumbent
-        best, totals = _search_one(ctx, 0, math.inf, slo_us, latency_objective)
-        check()
-        seed = best.cost if best else math.inf
-        rest = list(range(1, n))
-        if progress:
-            progress(1, n)
-        if jobs <= 1 or len(rest) < 2 * jobs:
-            runs = ([(i, _search_one(ctx, i, seed, slo_us, latency_objective))] for i in rest)
-        else:
-            runs = _pooled(ctx, rest, jobs, seed, slo_us, latency_objective)
-        done = 1
-        for results in runs:
-            for _i, (cand, counters) in results:
-                totals += counters
-                best = _better(best, cand)
-                done += 1
-            if progress:
-                progress(done, n)
-            check()
-    return SearchOutcome(best, totals, n)
+        run = _Run(ctx, jobs, progress, check, total)
+        colocated = run.phase("colocated", Phase((0,), math.inf, slo_us, latency_objective))
+        c_cost = _min_cost(colocated)
+        two_found = run.phase("two-owner", Phase(two, c_cost, slo_us, latency_objective))
+        mixed = colocated + two_found
+        singles: list[Candidate] = [c for c in mixed if _single_type(ctx, c)]
+        if len(types) > 1:
+            for g in types:
+                singles += run.phase(f"single type {ctx.arrays.configs[list(ctx.arrays.cfg_gpu).index(g)].gpu.id}",
+                                     Phase(tuple(range(1, n)), _min_cost(singles), slo_us, latency_objective,
+                                           only_gpu=g))
+        mixed += run.phase("mixed", Phase(rest, min(_min_cost(mixed), _min_cost(singles)), slo_us,
+                                          latency_objective))
+    best = None
+    for c in mixed:
+        best = _better(best, c)
+    for c in singles:  # a single-type plan wins only if strictly ahead of every mixed one
+        if best is None or c.order_key() < best.order_key():
+            best = c
+    alternatives = {"colocated": _first(colocated), "two_owner": _first(colocated + two_found),
+                    "single_gpu_type": _first(singles) if len(types) > 1 else best}
+    return SearchOutcome(best, run.counters, n, alternatives, mixed + singles, run.timings)
 
 
-def _pooled(ctx: Context, rest: list[int], jobs: int, seed: float, slo_us: float, lat_obj: bool):
-    """Chunks of templates on worker processes, yielded in a fixed order (same bytes as jobs=1)."""
-    chunks = [rest[i::jobs * 4] for i in range(jobs * 4)]
-    with process_pool(jobs) as pool:
-        futures = [(ch, pool.submit(_worker_run, ctx.request, ch, seed, slo_us, lat_obj)) for ch in chunks if ch]
-        for ch, fut in futures:
-            yield list(zip(ch, fut.result(), strict=True))
+def _first(cands: list[Candidate]) -> Candidate | None:
+    best = None
+    for c in cands:
+        best = _better(best, c)
+    return best

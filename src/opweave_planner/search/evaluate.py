@@ -49,10 +49,11 @@ def memory_need(weights, kv_per_request, workspace_per_request, mu, bh):
 
 
 @njit(cache=True)
-def cost_rate(p, c, mu, bh):
-    if p.latency_objective:
-        return 1.0 / p.k
-    return p.cfg_price[c] * p.cfg_tp[c] / (mu * bh)
+def cost_rate(latency_objective, k, price, tp, mu, bh):
+    """USD per GPU-hour per resident request of one owner point (1/k: the latency objective)."""
+    if latency_objective:
+        return 1.0 / k
+    return price * tp / (mu * bh)
 
 
 @njit(cache=True)
@@ -73,6 +74,25 @@ def plan_gpus(p, cfg, replicas):
     for o in range(p.k):
         g += p.cfg_tp[cfg[o]] * replicas[o]
     return g
+
+
+@njit(cache=True)
+def plan_nodes(p, cfg, replicas):
+    """Nodes a plan occupies: one when its hand-offs are intra-node, else each owner's
+    replicas packed into its GPU type's nodes (a TP group never spans nodes)."""
+    _bw, _lat, intra = plan_link(p, cfg, plan_gpus(p, cfg, replicas))
+    if intra:
+        return 1.0
+    nodes = 0.0
+    for o in range(p.k):
+        c = cfg[o]
+        node, tp = p.cfg_node[c], p.cfg_tp[c]
+        if tp > node:  # a group wider than a node (not produced by the catalog's TP filter)
+            nodes += replicas[o] * ((tp + node - 1) // node)
+        else:
+            per_node = node // tp
+            nodes += (replicas[o] + per_node - 1) // per_node
+    return nodes
 
 
 @njit(cache=True)
@@ -120,7 +140,7 @@ def new_scratch(p, seed_cost):
     return Scratch(np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64),
                    np.zeros(k, np.int64), np.zeros(k, np.int64), np.empty(k), np.empty(k), np.empty(k),
                    np.empty(s), np.empty(s), np.empty(s), fbuf, ibuf, np.zeros(4, np.int64), best_f,
-                   np.zeros(2 + 3 * k, np.int64))
+                   np.zeros(2 + 3 * k, np.int64), np.zeros(2, np.int64))
 
 
 @njit(cache=True)
@@ -146,7 +166,7 @@ def _evaluate_detail(p, mu, cfg, mb, replicas):
     for o in range(k):
         need[o] = owner_need(p, o, cfg[o], mu, bh[o])
         usable[o] = p.cfg_mem[cfg[o]]
-        rsum += cost_rate(p, cfg[o], mu, bh[o])
+        rsum += cost_rate(p.latency_objective, k, p.cfg_price[cfg[o]], p.cfg_tp[cfg[o]], mu, bh[o])
     return t_rtt, t, occ, latv, measured, gpus, intra, comp, kind, index, need, usable, rsum
 
 

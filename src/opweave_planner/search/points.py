@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from opweave_planner.search.evaluate import cost_rate, memory_need, range_sum
+from opweave_planner.search.problem import hot
 
 # counter slots (Counters field order)
 C_CAND, C_SIM, C_BOUND, C_FRONT = 0, 1, 2, 3
@@ -45,15 +46,18 @@ class Points(NamedTuple):
     min_r: np.ndarray
     min_rho: np.ndarray
     min_bh: np.ndarray
+    keep: np.ndarray  # bool[pmax]: frontier scratch
 
 
 @njit(cache=True)
 def owner_tables(p):
-    s, k = p.stage_owner.shape[0], p.k
-    n_cfg, n_mb = p.pref.shape[0], p.pref.shape[1]
+    owner, start, end, payload, ok = p.stage_owner, p.stage_start, p.stage_end, p.payload, p.cfg_ok
+    pref, wpref, kvpref = p.pref, p.wpref, p.kvpref
+    s, k = owner.shape[0], p.k
+    n_cfg, n_mb = pref.shape[0], pref.shape[1]
     count = np.zeros(k, np.int64)
     for j in range(s):
-        count[p.stage_owner[j]] += 1
+        count[owner[j]] += 1
     tab = np.zeros((k, n_cfg, n_mb, count.max()))
     wown = np.zeros((k, n_cfg))
     kvown = np.zeros((k, n_cfg))
@@ -62,18 +66,20 @@ def owner_tables(p):
     pair_payload = np.zeros((k, k))
     n_cross = np.zeros((k, k))
     for j in range(s):
-        o = p.stage_owner[j]
+        o = owner[j]
         pos[j] = fill[o]
         fill[o] += 1
-        a, b = o, p.stage_owner[(j + 1) % s]
+        a, b = o, owner[(j + 1) % s]
         if a != b:
-            pair_payload[a, b] += p.payload[j]
+            pair_payload[a, b] += payload[j]
             n_cross[a, b] += 1.0
         for c in range(n_cfg):
-            wown[o, c] += range_sum(p.wpref[c], p.stage_start[j], p.stage_end[j])
-            kvown[o, c] += range_sum(p.kvpref[c], p.stage_start[j], p.stage_end[j])
+            if not ok[o, c]:
+                continue  # a config this owner may not take (other GPU type, EP without experts)
+            wown[o, c] += range_sum(wpref[c], start[j], end[j])
+            kvown[o, c] += range_sum(kvpref[c], start[j], end[j])
             for m in range(n_mb):
-                tab[o, c, m, pos[j]] = range_sum(p.pref[c, m], p.stage_start[j], p.stage_end[j])
+                tab[o, c, m, pos[j]] = range_sum(pref[c, m], start[j], end[j])
     return OwnerTables(tab, count, pos, wown, kvown, pair_payload, n_cross)
 
 
@@ -83,14 +89,14 @@ def new_points(p):
     return Points(np.zeros((k, pmax), np.int64), np.zeros((k, pmax), np.int64),
                   np.zeros((k, pmax), np.int64), np.zeros((k, pmax), np.int64),
                   np.zeros((k, pmax)), np.zeros((k, pmax)), np.zeros((k, pmax)), np.zeros(k, np.int64),
-                  np.empty(k), np.empty(k), np.empty(k), np.empty(k))
+                  np.empty(k), np.empty(k), np.empty(k), np.empty(k), np.empty(pmax, np.bool_))
 
 
-@njit(cache=True)
+@hot
 def build_points(p, ot, o, B, mu, pts):
     """Memory-feasible points of owner o at (B, mu); returns their count."""
     npts = 0
-    for c in range(p.pref.shape[0]):
+    for c in range(p.cfg_ok.shape[1]):
         if not p.cfg_ok[o, c]:
             continue
         for n in range(1, p.max_rep + 1):
@@ -102,28 +108,30 @@ def build_points(p, ot, o, B, mu, pts):
                 continue
             if memory_need(ot.wown[o, c], ot.kvown[o, c], p.cfg_ws[c], mu, bh) > p.cfg_mem[c]:
                 continue
-            pts.c[o, npts], pts.m[o, npts], pts.n[o, npts], pts.bh[o, npts] = c, m, n, bh
-            pts.r[o, npts] = cost_rate(p, c, mu, bh)
-            pts.rho[o, npts] = p.cfg_tp[c] / (mu * bh)
             tot = 0.0
             for i in range(ot.count[o]):
                 tot += ot.tab[o, c, m, i]
+            pts.c[o, npts] = c
+            pts.m[o, npts] = m
+            pts.n[o, npts] = n
+            pts.bh[o, npts] = bh
+            pts.r[o, npts] = cost_rate(p.latency_objective, p.k, p.cfg_price[c], p.cfg_tp[c], mu, bh)
+            pts.rho[o, npts] = p.cfg_tp[c] / (mu * bh)
             pts.total[o, npts] = tot
             npts += 1
     pts.count[o] = npts
     return npts
 
 
-@njit(cache=True)
-def _dominates(ot, pts, o, a, b):
+@hot
+def _dominates(tab, length, r, c, m, a, b):
     """Point a no worse than b in cost rate and every stage time, strictly somewhere."""
-    ra, rb = pts.r[o, a], pts.r[o, b]
-    if ra > rb:
+    if r[a] > r[b]:
         return False
-    strict = ra < rb
-    ca, ma, cb, mb = pts.c[o, a], pts.m[o, a], pts.c[o, b], pts.m[o, b]
-    for i in range(ot.count[o]):
-        x, y = ot.tab[o, ca, ma, i], ot.tab[o, cb, mb, i]
+    strict = r[a] < r[b]
+    ca, ma, cb, mb = c[a], m[a], c[b], m[b]
+    for i in range(length):
+        x, y = tab[ca, ma, i], tab[cb, mb, i]
         if x > y:
             return False
         if x < y:
@@ -131,69 +139,64 @@ def _dominates(ot, pts, o, a, b):
     return strict
 
 
-@njit(cache=True)
-def _move(pts, o, dst, src):
-    pts.c[o, dst], pts.m[o, dst], pts.n[o, dst], pts.bh[o, dst] = (
-        pts.c[o, src], pts.m[o, src], pts.n[o, src], pts.bh[o, src])
-    pts.r[o, dst], pts.rho[o, dst], pts.total[o, dst] = pts.r[o, src], pts.rho[o, src], pts.total[o, src]
-
-
-@njit(cache=True)
+@hot
 def pareto_filter(p, ot, o, cross_type, pts, counters):
     """Keep the network-safe frontier: dominance only at equal TP and equal b (equal transfer
     sizes and GPU count), and across GPU types only when no candidate of this (B, mu) fits in
     one node (otherwise the GPU type decides the link)."""
+    tp, gpu, tab, length = p.cfg_tp, p.cfg_gpu, ot.tab[o], ot.count[o]
+    pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     npts = pts.count[o]
-    keep = np.ones(npts, np.bool_)
+    keep = pts.keep
+    keep[:npts] = True
     for a in range(npts):
         for b in range(npts):
-            if a == b or not keep[a] or p.cfg_tp[pts.c[o, a]] != p.cfg_tp[pts.c[o, b]]:
+            if a == b or not keep[a] or tp[pc[a]] != tp[pc[b]] or pbh[a] != pbh[b]:
                 continue
-            if pts.bh[o, a] != pts.bh[o, b]:
+            if not cross_type and gpu[pc[a]] != gpu[pc[b]]:
                 continue
-            if not cross_type and p.cfg_gpu[pts.c[o, a]] != p.cfg_gpu[pts.c[o, b]]:
-                continue
-            if _dominates(ot, pts, o, a, b):
+            if _dominates(tab, length, pr, pc, pm, a, b):
                 keep[b] = False
     w = 0
     for a in range(npts):
         if keep[a]:
-            _move(pts, o, w, a)
+            pc[w], pm[w], pn[w], pbh[w], pr[w], prho[w], ptot[w] = pc[a], pm[a], pn[a], pbh[a], pr[a], prho[a], ptot[a]
             w += 1
     counters[C_FRONT] += npts - w
     pts.count[o] = w
 
 
-@njit(cache=True)
-def _key_less(pts, o, a, b):
-    if pts.r[o, a] != pts.r[o, b]:
-        return pts.r[o, a] < pts.r[o, b]
-    if pts.rho[o, a] != pts.rho[o, b]:
-        return pts.rho[o, a] < pts.rho[o, b]
-    if pts.bh[o, a] != pts.bh[o, b]:
-        return pts.bh[o, a] < pts.bh[o, b]
-    if pts.total[o, a] != pts.total[o, b]:
-        return pts.total[o, a] < pts.total[o, b]
-    if pts.c[o, a] != pts.c[o, b]:
-        return pts.c[o, a] < pts.c[o, b]
-    return pts.n[o, a] < pts.n[o, b]
+@hot
+def _key_less(r, rho, bh, total, c, n, a, b):
+    if r[a] != r[b]:
+        return r[a] < r[b]
+    if rho[a] != rho[b]:
+        return rho[a] < rho[b]
+    if bh[a] != bh[b]:
+        return bh[a] < bh[b]
+    if total[a] != total[b]:
+        return total[a] < total[b]
+    if c[a] != c[b]:
+        return c[a] < c[b]
+    return n[a] < n[b]
 
 
-@njit(cache=True)
-def _swap(arr, o, a, b):
-    arr[o, a], arr[o, b] = arr[o, b], arr[o, a]
+@hot
+def _swap(arr, a, b):
+    arr[a], arr[b] = arr[b], arr[a]
 
 
-@njit(cache=True)
+@hot
 def sort_points(pts, o):
     """Insertion sort by (r, rho, b, sum T, config, n), then the per-owner minima."""
+    pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     for a in range(1, pts.count[o]):
         j = a
-        while j > 0 and _key_less(pts, o, j, j - 1):
-            for arr in (pts.r, pts.rho, pts.total):
-                _swap(arr, o, j, j - 1)
-            for arri in (pts.c, pts.m, pts.n, pts.bh):
-                _swap(arri, o, j, j - 1)
+        while j > 0 and _key_less(pr, prho, pbh, ptot, pc, pn, j, j - 1):
+            for arr in (pr, prho, ptot):
+                _swap(arr, j, j - 1)
+            for arri in (pc, pm, pn, pbh):
+                _swap(arri, j, j - 1)
             j -= 1
     npts = pts.count[o]
     pts.min_total[o] = pts.total[o, :npts].min()

@@ -22,6 +22,7 @@ from opweave_planner.search.evaluate import (
     new_scratch,
     plan_gpus,
     plan_link,
+    plan_nodes,
 )
 from opweave_planner.search.points import (
     C_BOUND,
@@ -33,12 +34,12 @@ from opweave_planner.search.points import (
     pareto_filter,
     sort_points,
 )
-from opweave_planner.search.problem import Counters, Problem, SearchResult, Selection
+from opweave_planner.search.problem import Counters, Hot, Problem, SearchResult, Selection, hot
 
 EPS = 1e-12
 
 
-@njit(cache=True)
+@hot
 def _select(pts, sc, k):
     for o in range(k):
         q = sc.sel[o]
@@ -46,74 +47,89 @@ def _select(pts, sc, k):
 
 
 @njit(cache=True)
-def _leaf(p, pts, sc, B, mu):
+def _leaf(h, p, pts, sc, B, mu):
     """Simulate a complete assignment that survived the bounds; keep it if it is the best."""
+    if plan_nodes(h, sc.cfg, sc.rep) > h.max_nodes:
+        sc.counters[C_BOUND] += 1
+        return
     sc.counters[C_SIM] += 1
     trtt = evaluate_into(p, mu, sc)
-    if trtt > p.slo * (1 + EPS):
+    if trtt > h.slo_cap:
         return
     rsum = 0.0
-    for o in range(p.k):
+    for o in range(h.k):
         rsum += pts.r[o, sc.sel[o]]
-    gpus = plan_gpus(p, sc.cfg, sc.rep)
+    gpus = plan_gpus(h, sc.cfg, sc.rep)
     cost = trtt * rsum
     bf = sc.best_f
     if cost < bf[0] or (cost == bf[0] and gpus < bf[2] - NODE_TOL):
         bf[0], bf[1], bf[2] = cost, trtt, gpus
         bf[3] = min(bf[3], cost)
         sc.best_i[0], sc.best_i[1] = B, mu
-        for o in range(p.k):
+        for o in range(h.k):
             sc.best_i[2 + 3 * o] = sc.cfg[o]
             sc.best_i[3 + 3 * o] = sc.rep[o]
             sc.best_i[4 + 3 * o] = sc.mb[o]
 
 
-@njit(cache=True)
-def walk(p, ot, pts, sc, B, mu, opt_link, use_bnb):
-    """DFS over the product of the owners' sorted frontiers at one (B, mu)."""
-    k = p.k
-    level = 0
-    sc.sel[0] = -1
+@hot
+def walk(h, ot, pts, sc, B, mu, opt_link):
+    """DFS over the product of the owners' sorted frontiers at one (B, mu).
+
+    Returns True when it stops at a complete assignment that survived the bounds (the
+    caller simulates it and calls again to resume), False when the walk is done. Simulation
+    allocates, so it runs outside this reference-count-free function.
+    """
+    k, use_bnb, state = h.k, h.use_bnb, sc.walk_state
+    sel, count, r, min_r, counters, best_f = sc.sel, pts.count, pts.r, pts.min_r, sc.counters, sc.best_f
+    factor, slo_cap, gpu_cap = h.prune_factor, h.slo_cap, h.gpu_cap
+    if state[1] == 1:
+        level = state[0]
+    else:
+        level = 0
+        sel[0] = -1
     while level >= 0:
-        sc.sel[level] += 1
-        if sc.sel[level] >= pts.count[level]:
+        sel[level] += 1
+        if sel[level] >= count[level]:
             level -= 1
             continue
         depth = level + 1
-        incumbent = sc.best_f[3]
+        incumbent = best_f[3]
         if use_bnb and incumbent < np.inf:
             # points are sorted by r: once the optimistic cost with this point's r exceeds the
             # incumbent (T bound with this owner still optimistic), every later point does too
             t_opt, r_opt, _g = lower_bound(ot, pts, sc, level, B, mu, opt_link[0], opt_link[1])
-            if t_opt * (r_opt - pts.min_r[level] + pts.r[level, sc.sel[level]]) > incumbent * (1 + EPS):
-                sc.counters[C_BOUND] += pts.count[level] - sc.sel[level]
-                sc.sel[level] = pts.count[level]
+            if t_opt * (r_opt - min_r[level] + r[level, sel[level]]) > incumbent * factor:
+                counters[C_BOUND] += count[level] - sel[level]
+                sel[level] = count[level]
                 continue
         link_bw, link_lat = opt_link[0], opt_link[1]
         if depth == k:
             _select(pts, sc, k)
-            link_bw, link_lat, _intra = plan_link(p, sc.cfg, plan_gpus(p, sc.cfg, sc.rep))
+            link_bw, link_lat, _intra = plan_link(h, sc.cfg, plan_gpus(h, sc.cfg, sc.rep))
         if use_bnb or depth == k:
             t_lb, rsum, gpus = lower_bound(ot, pts, sc, depth, B, mu, link_bw, link_lat)
             if depth == k:
-                sc.counters[C_CAND] += 1
-            if (t_lb > p.slo * (1 + EPS) or gpus > p.max_gpus + NODE_TOL
-                    or t_lb * rsum > incumbent * (1 + EPS)):
-                sc.counters[C_BOUND] += 1
+                counters[C_CAND] += 1
+            if t_lb > slo_cap or gpus > gpu_cap or t_lb * rsum > incumbent * factor:
+                counters[C_BOUND] += 1
                 continue
         if depth < k:
             level = depth
-            sc.sel[level] = -1
+            sel[level] = -1
             continue
-        _leaf(p, pts, sc, B, mu)
+        state[0], state[1] = level, 1
+        return True
+    state[1] = 0
+    return False
 
 
-@njit(cache=True)
-def _collect(p, ot, B, mu, pts):
+@hot
+def _collect(h, ot, B, mu, pts):
     """Build every owner's points; -1 when an owner has none, else the summed minimum rho."""
     rho_floor = 0.0
-    for o in range(p.k):
-        if build_points(p, ot, o, B, mu, pts) == 0:
+    for o in range(h.k):
+        if build_points(h, ot, o, B, mu, pts) == 0:
             return -1.0
         rho_floor += pts.rho[o, :pts.count[o]].min()
     return rho_floor
@@ -124,24 +140,29 @@ def _search(p, seed_cost, use_pareto, use_bnb):
     ot = owner_tables(p)
     pts = new_points(p)
     sc = new_scratch(p, seed_cost)
+    h = Hot(p.cfg_ok, p.mb_index, p.cfg_ws, p.cfg_mem, p.cfg_tp, p.cfg_price, p.cfg_gpu, p.cfg_node,
+            p.cfg_intra_bw, p.k, p.max_rep, p.latency_objective, use_bnb, p.prune_factor,
+            p.slo * (1 + EPS), p.max_gpus + NODE_TOL, p.max_nodes, p.bw, p.lat, p.intra_lat)
     node_max = p.cfg_node.max()
     intra_max = p.cfg_intra_bw.max()
-    for bi in range(p.batches.shape[0]):
-        B = p.batches[bi]
-        for mu in range(1, p.max_mu + 1):
+    batches, max_mu, k = p.batches, p.max_mu, p.k
+    for bi in range(batches.shape[0]):
+        B = batches[bi]
+        for mu in range(1, max_mu + 1):
             if B % mu != 0:
                 continue
-            rho_floor = _collect(p, ot, B, mu, pts)
+            rho_floor = _collect(h, ot, B, mu, pts)
             if rho_floor < 0.0:
                 continue
             # a single-node plan is still possible: bounds must assume the faster link
-            one_node = p.k > 1 and B * rho_floor <= node_max + NODE_TOL
-            opt_link = (max(p.bw, intra_max), min(p.lat, p.intra_lat)) if one_node else (p.bw, p.lat)
-            for o in range(p.k):
+            one_node = k > 1 and B * rho_floor <= node_max + NODE_TOL
+            opt_link = (max(h.bw, intra_max), min(h.lat, h.intra_lat)) if one_node else (h.bw, h.lat)
+            for o in range(k):
                 if use_pareto and pts.count[o] > 1:
-                    pareto_filter(p, ot, o, not one_node, pts, sc.counters)
+                    pareto_filter(h, ot, o, not one_node, pts, sc.counters)
                 sort_points(pts, o)
-            walk(p, ot, pts, sc, B, mu, opt_link, use_bnb)
+            while walk(h, ot, pts, sc, B, mu, opt_link):
+                _leaf(h, p, pts, sc, B, mu)
     return sc.best_f, sc.best_i, sc.counters
 
 
