@@ -430,10 +430,12 @@ def kernel_files(names: Iterable[str] = KERNEL_FILES) -> list[Path]:
 
 
 def _cached_functions(source: str) -> list[tuple[str, int]]:
-    """(qualname, first line) of every ``@njit(cache=True)``/``@jit(cache=True)`` function."""
+    """(qualname, first line) of every ``@njit(cache=True)``/``@jit(cache=True)``/``@hot`` function."""
     out: list[tuple[str, int]] = []
 
     def cached(dec: ast.expr) -> bool:
+        if isinstance(dec, ast.Name) and dec.id == "hot":  # search.problem.hot = njit(cache=True, ...)
+            return True
         if not isinstance(dec, ast.Call):
             return False
         f = dec.func

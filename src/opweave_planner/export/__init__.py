@@ -85,10 +85,9 @@ def _load(plan_path: str) -> tuple[Any, dict[str, Any]]:
 
 
 def _without_alternatives(raw: Any) -> Any:
-    """Plan models of schema 1.1 forbid unknown keys; `alternatives` is read on its own."""
-    from opweave_planner.plan import Plan
-
-    if isinstance(raw, dict) and "alternatives" in raw and "alternatives" not in Plan.model_fields:
+    """`alternatives` is read on its own (`common.alternatives`), leniently: the main plan is
+    validated without it, so a summary-only or older alternatives section never blocks export."""
+    if isinstance(raw, dict) and "alternatives" in raw:
         return {k: v for k, v in raw.items() if k != "alternatives"}
     return raw
 

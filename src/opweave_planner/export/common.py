@@ -62,10 +62,10 @@ BASE_PORT = 8000  # the router (or the only replica) listens here; replica r of 
 BENCH_OUTPUT_TOKENS = 256  # decode tokens per benchmark request (the rest of the context is prompt)
 
 # Alternative classes a plan file may carry (issue 15 item 1), in the order they are suggested.
-ALTERNATIVE_NAMES = ("colocated", "two_stage", "single_gpu_type")
-_ALIASES = {"colocated": "colocated", "twostage": "two_stage", "max2stages": "two_stage",
-            "le2stages": "two_stage", "2stage": "two_stage", "singlegputype": "single_gpu_type",
-            "homogeneous": "single_gpu_type"}
+ALTERNATIVE_NAMES = ("colocated", "two_owner", "single_gpu_type", "optimum")
+_ALIASES = {"colocated": "colocated", "twoowner": "two_owner", "twostage": "two_owner", "max2stages": "two_owner",
+            "le2stages": "two_owner", "2stage": "two_owner", "afd": "two_owner", "singlegputype": "single_gpu_type",
+            "homogeneous": "single_gpu_type", "optimum": "optimum"}
 
 
 class Refusal(InfeasibleError):
