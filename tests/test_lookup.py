@@ -8,7 +8,13 @@ import pytest
 from opweave_planner import api
 from opweave_planner.inputs.hardware import load_hardware
 from opweave_planner.inputs.model import bundled_models, load_model
-from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
+from opweave_planner.latency.lookup import (
+    SOURCE_NAMES,
+    Parallel,
+    kv_shard,
+    op_latencies,
+    weight_shard,
+)
 from opweave_planner.structure.operators import build_sequence
 
 SHIPPED = ("h100", "h200", "a100", "l40s")
@@ -23,7 +29,7 @@ def test_profiles_show_every_model_gpu_tp(model):
             for row in info["operators"]:
                 lat = np.array(row["latency_us"])
                 assert np.all(np.isfinite(lat)) and np.all(lat > 0), (model, gpu, tp, row)
-                assert set(row["source"]) <= {"measured", "interpolated", "clamped", "fitted", "roofline"}
+                assert set(row["source"]) <= set(SOURCE_NAMES)
             assert info["decode_step_ms"] == sorted(info["decode_step_ms"])  # more requests never faster
 
 
