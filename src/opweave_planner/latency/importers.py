@@ -164,7 +164,7 @@ def _points(kind: str, rows: Iterable[dict]) -> tuple[dict, str]:
                 _min_into(pts, (r["gemm_dtype"], r["n"], r["k"], r["m"]), r["latency"] * _MS_TO_US)
         bad = untrusted_gemm_dtypes(pts)
         pts = {p: v for p, v in pts.items() if p[0] not in bad}
-        kept = [d for d in _GEMM_DTYPES if d not in bad]
+        kept = sorted({p[0] for p in pts})
         note = f"dtypes kept: {', '.join(kept)}"
         for dt, ratio in bad.items():
             note += (f"; {dt} dropped as implausible (median m<=16 latency {ratio:.1f}x the "

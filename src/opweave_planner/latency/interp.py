@@ -280,17 +280,27 @@ def _prepared(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared:
 
 
 def _resolve(ps: ProfileSet, kind: _Kind, key: tuple) -> tuple | None:
-    """The measured key to use for `key`: itself, the nearest shape, or None."""
+    """The measured key to use for `key`: itself, the nearest shape, or None.
+
+    A GEMM dtype the table lacks (dropped as implausible at import) is searched
+    under its fallback family (fp8_block -> fp8).
+    """
     ck = ("resolve", kind.name, key)
     if ck in ps.cache:
         return ps.cache[ck]
     table = ps.tables.get(kind.name)
     best = None
+    want = key
+    if kind.name == "gemm" and table is not None:
+        sibling = pl.GEMM_FALLBACK.get(key[0])
+        have = _gemm_dtypes(ps)
+        if key[0] not in have and sibling in have:
+            want = (sibling, *key[1:])
     if table is not None:
-        if key in table.grids:
-            best = key
+        if want in table.grids:
+            best = want
         else:
-            scored = [(kind.distance(key, cand), cand) for cand in table.grids]
+            scored = [(kind.distance(want, cand), cand) for cand in table.grids]
             scored = [sc for sc in scored if math.isfinite(sc[0])]
             if scored:
                 best = min(scored, key=lambda sc: (sc[0], str(sc[1])))[1]
@@ -298,13 +308,55 @@ def _resolve(ps: ProfileSet, kind: _Kind, key: tuple) -> tuple | None:
     return best
 
 
-def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
-    """Grid for `key`: its own measurements, or the nearest shape's grid scaled (FITTED).
+def _donor(ps: ProfileSet, kind: _Kind, key: tuple) -> ProfileSet | None:
+    """Another measured GPU (same folder and backend) with a usable table for `key`.
 
-    The scaled grid is the proxy's grid times the calibrated-roofline ratio
-    model(key) / model(proxy) at every grid point, made monotone again with a
-    running max and floored at the speed of light of `key`, so FITTED lookups
-    obey the same interpolation, edge and floor rules.
+    Preference: GPUs with at least this GPU's bandwidth and bf16 peak (so the
+    scaled figure keeps their measured fixed costs and never undercuts them),
+    nearest in (log bandwidth, log peak); else the nearest of all.
+    """
+    ck = ("donor", kind.name, key)
+    if ck in ps.cache:
+        return ps.cache[ck]
+    bw, peak = ps.system.memory_bandwidth_gbps, ps.system.peak("bfloat16")
+    scored = []
+    for gid in available_gpus(ps.root):
+        if gid == ps.gpu:
+            continue
+        try:
+            other = load_profile_set(ps.root, gid, ps.backend)
+        except UserError:
+            continue
+        if kind.name not in other.tables or _resolve(other, kind, key) is None:
+            continue
+        obw, opeak = other.system.memory_bandwidth_gbps, other.system.peak("bfloat16")
+        dominated = obw >= bw and opeak >= peak
+        dist = math.hypot(math.log(obw / bw), math.log(opeak / peak))
+        scored.append((not dominated, dist, gid, other))
+    best = min(scored, key=lambda sc: sc[:3])[3] if scored else None
+    ps.cache[ck] = best
+    return best
+
+
+def _scaled(ps: ProfileSet, kind: _Kind, key: tuple, src: ProfileSet, use: tuple) -> _Prepared:
+    """`src`'s prepared grid of `use`, scaled to `key` on `ps` by the calibrated-roofline ratio
+    point by point, made monotone and floored at `key`'s speed of light on `ps` (FITTED)."""
+    prep = _prepared(src, kind, use)
+    mesh = np.meshgrid(*prep.axes, indexing="ij")
+    values = prep.values * (_model(ps, kind, key, mesh) / _model(src, kind, use, mesh))
+    for ax in range(values.ndim):
+        values = np.maximum.accumulate(values, axis=ax)
+    sol = _sol_for(ps, kind, key)
+    values = np.maximum(values, sol(*mesh))
+    codes = np.maximum(prep.codes, FITTED).astype(np.int8)
+    return _Prepared(prep.axes, values, codes, sol)
+
+
+def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
+    """Grid for `key`: its own measurements, the nearest shape's grid scaled, or (family or
+    dtype not measured on this GPU) a donor GPU's grid scaled (`_scaled`, FITTED).
+
+    Scaling keeps the interpolation, edge and floor rules of measured lookups.
     """
     ck = ("for", kind.name, key)
     if ck in ps.cache:
@@ -312,16 +364,11 @@ def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
     use = _resolve(ps, kind, key)
     prep = None
     if use is not None:
-        prep = _prepared(ps, kind, use)
-        if use != key:
-            mesh = np.meshgrid(*prep.axes, indexing="ij")
-            values = prep.values * (_model(ps, kind, key, mesh) / _model(ps, kind, use, mesh))
-            for ax in range(values.ndim):
-                values = np.maximum.accumulate(values, axis=ax)
-            sol = _sol_for(ps, kind, key)
-            values = np.maximum(values, sol(*mesh))
-            codes = np.maximum(prep.codes, FITTED).astype(np.int8)
-            prep = _Prepared(prep.axes, values, codes, sol)
+        prep = _prepared(ps, kind, use) if use == key else _scaled(ps, kind, key, ps, use)
+    else:
+        donor = _donor(ps, kind, key)
+        if donor is not None:
+            prep = _scaled(ps, kind, key, donor, _resolve(donor, kind, key))
     ps.cache[ck] = prep
     return prep
 
@@ -366,11 +413,6 @@ def gemm(ps: ProfileSet, m, n: int, k: int, dtype: str = "bfloat16") -> Result:
     A dtype the table lacks (dropped as implausible at import, e.g. H100
     fp8_block) is read from its fallback family (fp8) of the same shape, FITTED.
     """
-    have = _gemm_dtypes(ps)
-    sibling = pl.GEMM_FALLBACK.get(dtype)
-    if dtype not in have and sibling in have:
-        val, src = _lookup(ps, _GEMM, (sibling, int(n), int(k)), [m])
-        return val, np.maximum(src, FITTED).astype(np.int8)
     return _lookup(ps, _GEMM, (dtype, int(n), int(k)), [m])
 
 

@@ -107,9 +107,8 @@ def robust_monotone(grid: np.ndarray, axes: tuple[np.ndarray, ...]) -> np.ndarra
             break
         for ax in reversed(range(out.ndim)):
             out = _along(out, np.asarray(axes[ax], dtype=np.float64), ax, _isotonic)
-    if not _is_monotone(out):  # alternating 1-D fits did not settle: guarantee it
+    while not _is_monotone(out):  # alternating 1-D fits did not settle: running max
         for ax in range(out.ndim):
-            missing = np.isnan(out)
-            filled = np.fmax.accumulate(np.where(missing, -np.inf, out), axis=ax)
-            out = np.where(missing, np.nan, filled)
+            out = _along(out, np.asarray(axes[ax], dtype=np.float64), ax,
+                         lambda _x, y: np.maximum.accumulate(y))
     return out
