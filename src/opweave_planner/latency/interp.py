@@ -122,6 +122,8 @@ def _prepare(raw: np.ndarray, axes: tuple[np.ndarray, ...], sol, plateau_from=No
             for j in range(raw.shape[1]):
                 values[:, j], _ = _fill_1d(axes[0], values[:, j], s[:, j])
             codes[empty] = CLAMPED
+    below = values < s * (1 - 1e-3)  # hardware facts overridden (catalog): floor at their SOL
+    values = np.where(below, s, values)
     before = values
     for ax in range(values.ndim):
         values = np.maximum.accumulate(values, axis=ax)
@@ -129,6 +131,7 @@ def _prepare(raw: np.ndarray, axes: tuple[np.ndarray, ...], sol, plateau_from=No
     codes = np.where(stored & (values > before * (1 + KEEP_TOL)), np.maximum(codes, SMOOTHED), codes)
     if labels is not None:  # the importer's labels: smoothed / floored cells
         codes = np.where(stored & (labels > 0), np.maximum(codes, labels + INTERPOLATED), codes)
+    codes = np.where(stored & below, np.maximum(codes, FLOORED), codes)
     codes = codes.astype(np.int8)
     if plateau_from is not None:  # sliding window: hold the plateau from the window on
         cols = axes[1] >= plateau_from
