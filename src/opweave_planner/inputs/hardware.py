@@ -26,8 +26,8 @@ from opweave_planner.errors import UserError
 
 GIB = 1 << 30
 #: fixed costs of GPUs whose profiles do not say (H100's measured values, see docs/profiles.md)
-DEFAULT_KERNEL_FLOOR_US = 2.45
-DEFAULT_TRANSFER_FIXED_US = 5.31
+DEFAULT_KERNEL_FLOOR_US = 2.452
+DEFAULT_TRANSFER_FIXED_US = 5.14
 #: framework reserve of GPUs whose profiles do not say (aiconfigurator's other_mem, 3.5 GiB)
 DEFAULT_OTHER_MEMORY_BYTES = int(3.5 * GIB)
 #: NCCL buffers by TP size of GPUs whose profiles do not say (aiconfigurator's nccl_mem,
