@@ -311,14 +311,15 @@ def _resolve(ps: ProfileSet, kind: _Kind, key: tuple) -> tuple | None:
     return best
 
 
-def _donor(ps: ProfileSet, kind: _Kind, key: tuple) -> ProfileSet | None:
+def _donor(ps: ProfileSet, kind: _Kind, key: tuple, exact: bool = False) -> ProfileSet | None:
     """Another measured GPU (same folder and backend) with a usable table for `key`.
 
     Preference: GPUs with at least this GPU's bandwidth and bf16 peak (so the
     scaled figure keeps their measured fixed costs and never undercuts them),
-    nearest in (log bandwidth, log peak); else the nearest of all.
+    nearest in (log bandwidth, log peak); else the nearest of all. `exact`:
+    only dominating GPUs that measured `key` itself.
     """
-    ck = ("donor", kind.name, key)
+    ck = ("donor", kind.name, key, exact)
     if ck in ps.cache:
         return ps.cache[ck]
     bw, peak = ps.system.memory_bandwidth_gbps, ps.system.peak("bfloat16")
@@ -334,6 +335,8 @@ def _donor(ps: ProfileSet, kind: _Kind, key: tuple) -> ProfileSet | None:
             continue
         obw, opeak = other.system.memory_bandwidth_gbps, other.system.peak("bfloat16")
         dominated = obw >= bw and opeak >= peak
+        if exact and (not dominated or _resolve(other, kind, key) != key):
+            continue
         dist = math.hypot(math.log(obw / bw), math.log(opeak / peak))
         scored.append((not dominated, dist, gid, other))
     best = min(scored, key=lambda sc: sc[:3])[3] if scored else None
@@ -357,7 +360,8 @@ def _scaled(ps: ProfileSet, kind: _Kind, key: tuple, src: ProfileSet, use: tuple
 
 def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
     """Grid for `key`: its own measurements, the nearest shape's grid scaled, or (family or
-    dtype not measured on this GPU) a donor GPU's grid scaled (`_scaled`, FITTED).
+    dtype not measured on this GPU, or an attention layout only a dominating GPU measured)
+    a donor GPU's grid scaled (`_scaled`, FITTED).
 
     Scaling keeps the interpolation, edge and floor rules of measured lookups.
     """
@@ -366,7 +370,12 @@ def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
         return ps.cache[ck]
     use = _resolve(ps, kind, key)
     prep = None
-    if use is not None:
+    # attention kernels depend on the exact head layout: a dominating GPU that measured this
+    # layout beats this GPU's nearest other layout (A100 has head_dim 128 only)
+    same = _donor(ps, kind, key, exact=True) if use not in (None, key) and kind.name == "attention" else None
+    if same is not None:
+        prep = _scaled(ps, kind, key, same, key)
+    elif use is not None:
         prep = _prepared(ps, kind, use) if use == key else _scaled(ps, kind, key, ps, use)
     else:
         donor = _donor(ps, kind, key)
@@ -427,7 +436,7 @@ def _attn_distance(q: tuple, c: tuple) -> float:
         return math.inf
     d = 0.0 if c[0] == q[0] else 4.0  # other KV dtype only as a last resort
     d += _log_gap(q[2] * q[3], c[2] * c[3]) + 0.5 * _log_gap(q[1], c[1])
-    d += 0.5 * _log_gap(q[3], c[3])
+    d += _log_gap(q[3], c[3])  # the kernel path depends on head_dim: keep it where possible
     return d + (0.0 if c[4] == q[4] else 0.25)
 
 
