@@ -58,7 +58,9 @@ __all__ = [
     "MEASURED",
     "ROOFLINE",
     "SMOOTHED",
+    "SOURCE_LEGEND",
     "SOURCE_NAMES",
+    "SOURCE_SHORT",
     "allreduce",
     "decode_attention",
     "efficiency",
@@ -70,6 +72,12 @@ __all__ = [
 
 MEASURED, INTERPOLATED, SMOOTHED, FLOORED, CLAMPED, FITTED, ROOFLINE = range(7)
 SOURCE_NAMES = ("measured", "interpolated", "smoothed", "floored", "clamped", "fitted", "roofline")
+#: one-letter tags and their legend, for tables that print a source per figure
+SOURCE_SHORT = {"measured": "M", "interpolated": "I", "smoothed": "S", "floored": "L",
+                "clamped": "C", "fitted": "F", "roofline": "R"}
+SOURCE_LEGEND = ("M measured, I interpolated, S smoothed by the monotone fit, L floored at speed "
+                 "of light, C clamped at a table edge, F fitted (scaled shape, family or GPU), "
+                 "R default roofline")
 #: routed-expert load of the fused-MoE tables; default and reason: docs/profiles.md
 MOE_ROUTINGS = ("balanced", "power-law")
 DEFAULT_MOE_ROUTING = "power-law"
