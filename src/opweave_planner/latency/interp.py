@@ -24,7 +24,11 @@ Rules (see docs/profiles.md):
 * continuous axes (GEMM ``m``, MoE ``tokens``, attention ``batch`` x ``kv_len``,
   all-reduce ``message_bytes``) are interpolated piecewise-linearly (bilinearly
   in 2-D) in linear space; categorical fields must match exactly, else the
-  nearest measured shape is scaled (FITTED);
+  nearest measured shape is scaled (FITTED); a family, dtype or attention head
+  layout this GPU did not measure is taken from a GPU with at least its
+  bandwidth and compute, scaled by the calibrated-roofline ratio (FITTED);
+* every value is at least the speed-of-light time on the GPU description in
+  effect (FLOORED where that raises a stored cell);
 * shipped tables are already monotone (robust fit at import, `monotone`); a
   prepared grid whose filled cells break that is made monotone by a running
   maximum, and a stored cell it raises by more than KEEP_TOL is SMOOTHED;

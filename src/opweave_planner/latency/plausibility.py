@@ -20,9 +20,11 @@ import numpy as np
 from opweave_planner.latency import roofline as rf
 
 __all__ = [
+    "GEMM_FALLBACK",
     "UNTRUSTED_RATIO",
     "UPPER_ALLOWANCE_US",
     "UPPER_MULTIPLE",
+    "compute_dtype",
     "kind_work",
     "link_bound",
     "sol_floor",
