@@ -39,11 +39,28 @@ def test_round_trip(tmp_path):
     assert read_table(tmp_path / "again.json").grids.keys() == table.grids.keys()
 
 
-def test_payload_is_monotone_and_counts_raised_cells():
+def test_payload_is_monotone_and_labels_moved_cells():
     pts = {("bfloat16", 8, 8, m): v for m, v in ((1, 5.0), (2, 4.0), (4, 6.0))}
     payload = table_payload("gemm", "g", "b", pts)
-    assert payload["groups"][0]["latency_us"] == [5.0, 5.0, 6.0]
-    assert "raised 1" in payload["notes"]
+    # the dip is a spike: replaced by its neighbours' line, not turned into a plateau at 5
+    assert payload["groups"][0]["latency_us"] == [5.0, 5.333, 6.0]
+    assert payload["groups"][0]["labels"] == {"smoothed": [1]}
+    assert "moved 1 by more than 3%" in payload["notes"]
+    table = read_table_payload(payload)
+    assert table.labels[("bfloat16", 8, 8)].tolist() == [0, 1, 0]
+
+
+def read_table_payload(payload):
+    from opweave_planner.latency.tables import GridTable
+
+    return GridTable.model_validate(payload)
+
+
+def test_payload_floors_cells_below_speed_of_light():
+    pts = {("bfloat16", 8, 8, m): v for m, v in ((1, 1.0), (2, 2.0), (4, 3.0))}
+    payload = table_payload("gemm", "g", "b", pts, floor=lambda key, coords: 0.9 * coords[0])
+    assert payload["groups"][0]["latency_us"] == [1.0, 2.0, 3.6]
+    assert payload["groups"][0]["labels"] == {"floored": [2]}
 
 
 @pytest.mark.parametrize(

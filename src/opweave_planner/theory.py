@@ -269,24 +269,23 @@ class ModelInputs:
 
 
 def _kv_shard_fraction(op: Any, tp: int) -> float:
-    a = op.attention
-    if op.kind == "attn_mla" or a is None:
-        return 1.0  # the compressed latent is shared by all heads: every rank keeps it
-    heads = a.lin_v_heads if op.kind == "attn_linear" else a.n_kv_heads
-    if heads <= 0:
-        return 1.0 / tp
-    return math.ceil(heads / tp) / heads
+    """Share of an operator's KV/state one GPU keeps: the search's rule (`lookup.kv_shard`)."""
+    from opweave_planner.latency.lookup import kv_shard
+
+    probe = 1 << 20  # any context past every window: the share does not depend on it
+    total = op.kv_bytes(probe)
+    return kv_shard(op, tp, probe) / total if total else 1.0
 
 
 def model_inputs(model: ModelSpec, tp: int = 1) -> ModelInputs:
     """M_weights, P_act and m_kv(s) per GPU of a TP-``tp`` group."""
+    from opweave_planner.latency.lookup import weight_shard
     from opweave_planner.structure.operators import build_sequence
 
     if tp < 1:
         raise UserError(f"--tp: must be a positive integer, got {tp}")
     seq = build_sequence(model)
-    replicated_w = sum(op.weight_bytes for op in seq.ops if op.sharding == "replicated")
-    m_weights = (seq.weight_bytes() - replicated_w) / tp + replicated_w
+    m_weights = sum(weight_shard(op, tp) for op in seq.ops)  # the search's rule
     p_act = 0.0
     for op in seq.ops:
         if op.kind == "embed" or op.kind in ATTENTION_CORE_KINDS:

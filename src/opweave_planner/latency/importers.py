@@ -17,12 +17,15 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from opweave_planner.errors import UserError
+from opweave_planner.latency.plausibility import GEMM_FALLBACK, sol_floor, untrusted_gemm_dtypes
 from opweave_planner.latency.roofline import dtype_bytes
 from opweave_planner.latency.tables import FORMAT_VERSION, table_payload, write_json
 
-__all__ = ["gpu_id", "import_aiconfigurator", "parse_simple_yaml"]
+__all__ = ["MOE_ROUTINGS", "gpu_id", "import_aiconfigurator", "parse_simple_yaml", "system_floor"]
 
 _GEMM_DTYPES = ("bfloat16", "fp8", "fp8_block")
+#: aiconfigurator's MoE `distribution` -> our routing name (power_law_1.01 is not kept)
+MOE_ROUTINGS = {"balanced": "balanced", "power_law_1.2": "power-law"}
 _MS_TO_US = 1000.0
 
 
@@ -75,7 +78,7 @@ def parse_simple_yaml(text: str) -> dict:
     return root
 
 
-def _system_payload(yaml_path: Path, gpu: str, device: str) -> dict:
+def _system_payload(yaml_path: Path, gpu: str, device: str, fixed: dict | None = None) -> dict:
     spec = parse_simple_yaml(yaml_path.read_text())
     g, node, misc = spec.get("gpu", {}), spec.get("node", {}), spec.get("misc", {})
     try:
@@ -101,12 +104,35 @@ def _system_payload(yaml_path: Path, gpu: str, device: str) -> dict:
             "nccl_memory_bytes": {str(k): int(v) for k, v in misc.get("nccl_mem", {}).items()},
             "other_memory_bytes": int(misc.get("other_mem", 0)),
             "source": f"aiconfigurator-core 0.12.0 systems/{yaml_path.name}",
+            **(fixed or {}),
         }
     except (KeyError, TypeError) as exc:
         raise UserError(f"{yaml_path}: missing or malformed hardware field {exc}") from None
     if "bfloat16" not in peaks:
         raise UserError(f"{yaml_path}: expected gpu.bfloat16_tc_flops")
     return payload
+
+
+def _fixed_costs(data_dir: Path, gemm_path: Path | None) -> dict:
+    """Measured fixed costs: the fastest bf16 GEMM call (a small kernel's launch + tail) and
+    the fastest 2-GPU NCCL all_gather (the fixed cost of one collective / send-recv call)."""
+    out = {}
+    if gemm_path is not None:
+        lat = [r["latency"] for r in _read_rows(gemm_path) if r["gemm_dtype"] == "bfloat16"]
+        if lat:
+            out["kernel_floor_us"] = round(min(lat) * _MS_TO_US, 3)
+    nccl, _ = _pick(data_dir, "comm", "nccl", "nccl_perf", None)
+    if nccl is not None:
+        lat = [r["latency"] for r in _read_rows(nccl) if r["op_name"] == "all_gather" and r["num_gpus"] == 2]
+        if lat:
+            out["transfer_fixed_us"] = round(min(lat) * _MS_TO_US, 3)
+    return out
+
+
+def system_floor(kind: str, system: dict):
+    """The speed-of-light floor of a family on the GPU described by a system.json payload."""
+    return sol_floor(kind, system["memory_bandwidth_gbps"], system["intra_node_bandwidth_gbps"],
+                     system["peak_tflops"])
 
 
 def _pick(data_dir: Path, family: str, backend: str, table: str, prefer: str | None):
@@ -136,7 +162,13 @@ def _points(kind: str, rows: Iterable[dict]) -> tuple[dict, str]:
         for r in rows:
             if r["gemm_dtype"] in _GEMM_DTYPES:
                 _min_into(pts, (r["gemm_dtype"], r["n"], r["k"], r["m"]), r["latency"] * _MS_TO_US)
-        note = f"dtypes kept: {', '.join(_GEMM_DTYPES)}"
+        bad = untrusted_gemm_dtypes(pts)
+        pts = {p: v for p, v in pts.items() if p[0] not in bad}
+        kept = sorted({p[0] for p in pts})
+        note = f"dtypes kept: {', '.join(kept)}"
+        for dt, ratio in bad.items():
+            note += (f"; {dt} dropped as implausible (median m<=16 latency {ratio:.1f}x the "
+                     f"same-shape {GEMM_FALLBACK[dt]}; lookups use {GEMM_FALLBACK[dt]}, labelled fitted)")
     elif kind == "attention":
         for r in rows:
             if r.get("beam_width", 1) != 1 or r.get("isl", 1) != 1:
@@ -160,7 +192,8 @@ def _points(kind: str, rows: Iterable[dict]) -> tuple[dict, str]:
         note = "DeepSeek-V3 MLA module; kv_len = step as stored"
     elif kind == "moe":
         for r in rows:
-            if r.get("distribution", "balanced") != "balanced":
+            routing = MOE_ROUTINGS.get(r.get("distribution", "balanced"))
+            if routing is None:
                 continue
             key = (
                 r["moe_dtype"],
@@ -170,10 +203,11 @@ def _points(kind: str, rows: Iterable[dict]) -> tuple[dict, str]:
                 r["num_experts"],
                 r["moe_tp_size"],
                 r["moe_ep_size"],
+                routing,
                 r["num_tokens"],
             )
             _min_into(pts, key, r["latency"] * _MS_TO_US)
-        note = "distribution=balanced only"
+        note = "routing: distribution=balanced -> balanced, power_law_1.2 -> power-law"
     elif kind == "allreduce":
         rows = list(rows)
         graph = [r for r in rows if "graph" in str(r.get("kernel_source", ""))]
@@ -221,6 +255,8 @@ def import_aiconfigurator(
             continue
         gemm_path, prefer = _pick(data_dir, "gemm", backend, "gemm_perf", None)
         device = ""
+        fixed = _fixed_costs(data_dir, gemm_path)
+        system = _system_payload(yaml_path, gid, device, fixed)
         for kind, (family, tables) in _SOURCES.items():
             for table in tables:
                 path, version = _pick(data_dir, family, backend, table, prefer)
@@ -243,6 +279,7 @@ def import_aiconfigurator(
                 device=device,
                 source=f"aiconfigurator-core 0.12.0: {rel.as_posix()}",
                 notes=note,
+                floor=system_floor(kind, system),
             )
             out = Path(out_dir) / gid / backend / f"{kind}.json"
             write_json(out, payload)
@@ -250,7 +287,7 @@ def import_aiconfigurator(
         if gemm_path is None and not device:
             continue
         out = Path(out_dir) / gid / "system.json"
-        write_json(out, _system_payload(yaml_path, gid, device))
+        write_json(out, _system_payload(yaml_path, gid, device, fixed))
         written.append(out)
     if not written:
         raise UserError(f"{src}: no tables for backend '{backend}' and GPUs {sorted(wanted or [])}")

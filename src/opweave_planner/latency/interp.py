@@ -5,14 +5,18 @@ per kernel call on one GPU and an int8 array of source codes, broadcast over the
 array arguments:
 
 ==============  =  =============================================================
-MEASURED        0  exactly a measured grid point of the exact shape
+MEASURED        0  a measured grid point of the exact shape (the shipped value is
+                   within `monotone.KEEP_TOL` of the measurement)
 INTERPOLATED    1  between measured points of the exact shape (piecewise linear)
-CLAMPED         2  beyond a continuous axis edge, or a cell the source did not
+SMOOTHED        2  a cell the robust monotone fit moved by more than KEEP_TOL
+FLOORED         3  a cell measured faster than speed of light, raised to it
+CLAMPED         4  beyond a continuous axis edge, or a cell the source did not
                    measure: nearest edge value scaled by the speed-of-light ratio
                    (utilisation held constant; below the first point: held flat)
-FITTED          3  shape not measured: nearest measured shape scaled by the ratio
-                   of the calibrated roofline, or the calibrated roofline itself
-ROOFLINE        4  no table and no fitted efficiency: default-efficiency roofline
+FITTED          5  shape or family not measured (or untrusted): nearest measured
+                   shape scaled by the ratio of the calibrated roofline, a sibling
+                   dtype's table (fp8_block -> fp8), or the calibrated roofline
+ROOFLINE        6  no table and no fitted efficiency: default-efficiency roofline
 ==============  =  =============================================================
 
 Rules (see docs/profiles.md):
@@ -20,10 +24,14 @@ Rules (see docs/profiles.md):
 * continuous axes (GEMM ``m``, MoE ``tokens``, attention ``batch`` x ``kv_len``,
   all-reduce ``message_bytes``) are interpolated piecewise-linearly (bilinearly
   in 2-D) in linear space; categorical fields must match exactly, else the
-  nearest measured shape is scaled (FITTED);
-* each prepared grid is made monotone non-decreasing along every axis with a
-  running maximum (the importer already ships monotone tables, so measured
-  points are returned exactly);
+  nearest measured shape is scaled (FITTED); a family, dtype or attention head
+  layout this GPU did not measure is taken from a GPU with at least its
+  bandwidth and compute, scaled by the calibrated-roofline ratio (FITTED);
+* every value is at least the speed-of-light time on the GPU description in
+  effect (FLOORED where that raises a stored cell);
+* shipped tables are already monotone (robust fit at import, `monotone`); a
+  prepared grid whose filled cells break that is made monotone by a running
+  maximum, and a stored cell it raises by more than KEEP_TOL is SMOOTHED;
 * sliding-window attention uses ``min(kv_len, window)``; a windowed table's
   columns at or past the window hold the plateau the kernel reaches (its
   largest value), so latency stops growing past the window.
@@ -39,16 +47,24 @@ from pathlib import Path
 import numpy as np
 
 from opweave_planner.errors import UserError
+from opweave_planner.latency import plausibility as pl
 from opweave_planner.latency import roofline as rf
+from opweave_planner.latency.monotone import KEEP_TOL
 from opweave_planner.latency.tables import ProfileSet, available_gpus, load_profile_set
 
 __all__ = [
     "CLAMPED",
+    "DEFAULT_MOE_ROUTING",
     "FITTED",
+    "FLOORED",
+    "MOE_ROUTINGS",
     "INTERPOLATED",
     "MEASURED",
     "ROOFLINE",
+    "SMOOTHED",
+    "SOURCE_LEGEND",
     "SOURCE_NAMES",
+    "SOURCE_SHORT",
     "allreduce",
     "decode_attention",
     "efficiency",
@@ -58,8 +74,17 @@ __all__ = [
     "shipped_efficiencies",
 ]
 
-MEASURED, INTERPOLATED, CLAMPED, FITTED, ROOFLINE = 0, 1, 2, 3, 4
-SOURCE_NAMES = ("measured", "interpolated", "clamped", "fitted", "roofline")
+MEASURED, INTERPOLATED, SMOOTHED, FLOORED, CLAMPED, FITTED, ROOFLINE = range(7)
+SOURCE_NAMES = ("measured", "interpolated", "smoothed", "floored", "clamped", "fitted", "roofline")
+#: one-letter tags and their legend, for tables that print a source per figure
+SOURCE_SHORT = {"measured": "M", "interpolated": "I", "smoothed": "S", "floored": "L",
+                "clamped": "C", "fitted": "F", "roofline": "R"}
+SOURCE_LEGEND = ("M measured, I interpolated, S smoothed by the monotone fit, L floored at speed "
+                 "of light, C clamped at a table edge, F fitted (scaled shape, family or GPU), "
+                 "R default roofline")
+#: routed-expert load of the fused-MoE tables; default and reason: docs/profiles.md
+MOE_ROUTINGS = ("balanced", "power-law")
+DEFAULT_MOE_ROUTING = "power-law"
 
 Result = tuple[np.ndarray, np.ndarray]
 
@@ -92,7 +117,8 @@ def _fill_1d(x: np.ndarray, y: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, n
     return v, codes
 
 
-def _prepare(raw: np.ndarray, axes: tuple[np.ndarray, ...], sol, plateau_from=None) -> _Prepared:
+def _prepare(raw: np.ndarray, axes: tuple[np.ndarray, ...], sol, plateau_from=None,
+             labels: np.ndarray | None = None) -> _Prepared:
     mesh = np.meshgrid(*axes, indexing="ij")
     s = np.maximum(sol(*mesh), 1e-12)
     if raw.ndim == 1:
@@ -108,8 +134,17 @@ def _prepare(raw: np.ndarray, axes: tuple[np.ndarray, ...], sol, plateau_from=No
             for j in range(raw.shape[1]):
                 values[:, j], _ = _fill_1d(axes[0], values[:, j], s[:, j])
             codes[empty] = CLAMPED
+    below = values < s * (1 - 1e-3)  # hardware facts overridden (catalog): floor at their SOL
+    values = np.where(below, s, values)
+    before = values
     for ax in range(values.ndim):
         values = np.maximum.accumulate(values, axis=ax)
+    stored = np.isfinite(raw)
+    codes = np.where(stored & (values > before * (1 + KEEP_TOL)), np.maximum(codes, SMOOTHED), codes)
+    if labels is not None:  # the importer's labels: smoothed / floored cells
+        codes = np.where(stored & (labels > 0), np.maximum(codes, labels + INTERPOLATED), codes)
+    codes = np.where(stored & below, np.maximum(codes, FLOORED), codes)
+    codes = codes.astype(np.int8)
     if plateau_from is not None:  # sliding window: hold the plateau from the window on
         cols = axes[1] >= plateau_from
         if cols.any():
@@ -203,35 +238,42 @@ def shipped_efficiencies(profiles_dir: Path, backend: str = "vllm") -> dict:
 
 @dataclass(frozen=True)
 class _Kind:
-    """How one kernel family is costed: work model, distance between shapes, overhead."""
+    """How one kernel family is costed: its table, distance between shapes, overhead."""
 
     name: str
-    work: Callable[..., tuple[np.ndarray, np.ndarray]]  # (key, *coords) -> (bytes, flops)
     distance: Callable[[tuple, tuple], float]  # (query key, candidate key) -> >= 0 or inf
     attention_overhead: bool = False
+
+    def work(self, key: tuple, *coords):
+        return pl.kind_work(self.name, key, *coords)
 
 
 def _log_gap(a: float, b: float) -> float:
     return abs(math.log(max(a, 1e-9) / max(b, 1e-9)))
 
 
+def _peak(ps: ProfileSet, kind: _Kind, key: tuple) -> float:
+    return ps.system.peak(pl.compute_dtype(kind.name, key))
+
+
 def _model(ps: ProfileSet, kind: _Kind, key: tuple, coords: list[np.ndarray]) -> np.ndarray:
+    """Calibrated roofline of `key`; MoE uses the balanced expert count (an estimate, not a bound)."""
     eff, _ = efficiency(ps)
+    if kind.name == "moe":
+        key = (*key[:-1], "balanced")
     nbytes, flops = kind.work(key, *coords)
     c = eff.attention_overhead_us if kind.attention_overhead else None
-    return rf.roofline_us(
-        nbytes, flops, _bandwidth(ps, kind), ps.system.peak(str(key[0])), eff, overhead_us=c
-    )
+    return rf.roofline_us(nbytes, flops, _bandwidth(ps, kind), _peak(ps, kind, key), eff, overhead_us=c)
 
 
 def _bandwidth(ps: ProfileSet, kind: _Kind) -> float:
-    if kind.name == "allreduce":
+    if pl.link_bound(kind.name):
         return ps.system.intra_node_bandwidth_gbps
     return ps.system.memory_bandwidth_gbps
 
 
 def _sol_for(ps: ProfileSet, kind: _Kind, key: tuple):
-    bw, peak = _bandwidth(ps, kind), ps.system.peak(str(key[0]))
+    bw, peak = _bandwidth(ps, kind), _peak(ps, kind, key)
 
     def sol(*coords):
         nbytes, flops = kind.work(key, *coords)
@@ -246,23 +288,34 @@ def _prepared(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared:
     if prep is None:
         table = ps.tables[kind.name]
         plateau = key[4] if kind.name == "attention" and key[4] > 0 else None
-        prep = _prepare(table.grids[key], table.axis_arrays, _sol_for(ps, kind, key), plateau)
+        prep = _prepare(table.grids[key], table.axis_arrays, _sol_for(ps, kind, key), plateau,
+                        table.labels.get(key))
         ps.cache[ck] = prep
     return prep
 
 
 def _resolve(ps: ProfileSet, kind: _Kind, key: tuple) -> tuple | None:
-    """The measured key to use for `key`: itself, the nearest shape, or None."""
+    """The measured key to use for `key`: itself, the nearest shape, or None.
+
+    A GEMM dtype the table lacks (dropped as implausible at import) is searched
+    under its fallback family (fp8_block -> fp8).
+    """
     ck = ("resolve", kind.name, key)
     if ck in ps.cache:
         return ps.cache[ck]
     table = ps.tables.get(kind.name)
     best = None
+    want = key
+    if kind.name == "gemm" and table is not None:
+        sibling = pl.GEMM_FALLBACK.get(key[0])
+        have = _gemm_dtypes(ps)
+        if key[0] not in have and sibling in have:
+            want = (sibling, *key[1:])
     if table is not None:
-        if key in table.grids:
-            best = key
+        if want in table.grids:
+            best = want
         else:
-            scored = [(kind.distance(key, cand), cand) for cand in table.grids]
+            scored = [(kind.distance(want, cand), cand) for cand in table.grids]
             scored = [sc for sc in scored if math.isfinite(sc[0])]
             if scored:
                 best = min(scored, key=lambda sc: (sc[0], str(sc[1])))[1]
@@ -270,27 +323,76 @@ def _resolve(ps: ProfileSet, kind: _Kind, key: tuple) -> tuple | None:
     return best
 
 
-def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
-    """Grid for `key`: its own measurements, or the nearest shape's grid scaled (FITTED).
+def _donor(ps: ProfileSet, kind: _Kind, key: tuple, exact: bool = False) -> ProfileSet | None:
+    """Another measured GPU (same folder and backend) with a usable table for `key`.
 
-    The scaled grid is the proxy's grid times the calibrated-roofline ratio
-    model(key) / model(proxy) at every grid point, made monotone again with a
-    running max, so FITTED lookups obey the same interpolation and edge rules.
+    Preference: GPUs with at least this GPU's bandwidth and bf16 peak (so the
+    scaled figure keeps their measured fixed costs and never undercuts them),
+    nearest in (log bandwidth, log peak); else the nearest of all. `exact`:
+    only dominating GPUs that measured `key` itself.
+    """
+    ck = ("donor", kind.name, key, exact)
+    if ck in ps.cache:
+        return ps.cache[ck]
+    bw, peak = ps.system.memory_bandwidth_gbps, ps.system.peak("bfloat16")
+    scored = []
+    for gid in available_gpus(ps.root):
+        if gid == ps.gpu:
+            continue
+        try:
+            other = load_profile_set(ps.root, gid, ps.backend)
+        except UserError:
+            continue
+        if kind.name not in other.tables or _resolve(other, kind, key) is None:
+            continue
+        obw, opeak = other.system.memory_bandwidth_gbps, other.system.peak("bfloat16")
+        dominated = obw >= bw and opeak >= peak
+        if exact and (not dominated or _resolve(other, kind, key) != key):
+            continue
+        dist = math.hypot(math.log(obw / bw), math.log(opeak / peak))
+        scored.append((not dominated, dist, gid, other))
+    best = min(scored, key=lambda sc: sc[:3])[3] if scored else None
+    ps.cache[ck] = best
+    return best
+
+
+def _scaled(ps: ProfileSet, kind: _Kind, key: tuple, src: ProfileSet, use: tuple) -> _Prepared:
+    """`src`'s prepared grid of `use`, scaled to `key` on `ps` by the calibrated-roofline ratio
+    point by point, made monotone and floored at `key`'s speed of light on `ps` (FITTED)."""
+    prep = _prepared(src, kind, use)
+    mesh = np.meshgrid(*prep.axes, indexing="ij")
+    values = prep.values * (_model(ps, kind, key, mesh) / _model(src, kind, use, mesh))
+    for ax in range(values.ndim):
+        values = np.maximum.accumulate(values, axis=ax)
+    sol = _sol_for(ps, kind, key)
+    values = np.maximum(values, sol(*mesh))
+    codes = np.maximum(prep.codes, FITTED).astype(np.int8)
+    return _Prepared(prep.axes, values, codes, sol)
+
+
+def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
+    """Grid for `key`: its own measurements, the nearest shape's grid scaled, or (family or
+    dtype not measured on this GPU, or an attention layout only a dominating GPU measured)
+    a donor GPU's grid scaled (`_scaled`, FITTED).
+
+    Scaling keeps the interpolation, edge and floor rules of measured lookups.
     """
     ck = ("for", kind.name, key)
     if ck in ps.cache:
         return ps.cache[ck]
     use = _resolve(ps, kind, key)
     prep = None
-    if use is not None:
-        prep = _prepared(ps, kind, use)
-        if use != key:
-            mesh = np.meshgrid(*prep.axes, indexing="ij")
-            values = prep.values * (_model(ps, kind, key, mesh) / _model(ps, kind, use, mesh))
-            for ax in range(values.ndim):
-                values = np.maximum.accumulate(values, axis=ax)
-            codes = np.maximum(prep.codes, FITTED).astype(np.int8)
-            prep = _Prepared(prep.axes, values, codes, _sol_for(ps, kind, key))
+    # attention kernels depend on the exact head layout: a dominating GPU that measured this
+    # layout beats this GPU's nearest other layout (A100 has head_dim 128 only)
+    same = _donor(ps, kind, key, exact=True) if use not in (None, key) and kind.name == "attention" else None
+    if same is not None:
+        prep = _scaled(ps, kind, key, same, key)
+    elif use is not None:
+        prep = _prepared(ps, kind, use) if use == key else _scaled(ps, kind, key, ps, use)
+    else:
+        donor = _donor(ps, kind, key)
+        if donor is not None:
+            prep = _scaled(ps, kind, key, donor, _resolve(donor, kind, key))
     ps.cache[ck] = prep
     return prep
 
@@ -300,7 +402,7 @@ def _lookup(ps: ProfileSet, kind: _Kind, key: tuple, coords: list[np.ndarray]) -
     prep = _prepared_for(ps, kind, key)
     if prep is None:
         _, fitted = efficiency(ps)
-        val = _model(ps, kind, key, coords)
+        val = np.maximum(_model(ps, kind, key, coords), _sol_for(ps, kind, key)(*coords))
         code = np.full(val.shape, FITTED if fitted else ROOFLINE, dtype=np.int8)
         return val, code
     return _interp(prep, coords)
@@ -313,16 +415,18 @@ def _dtype_gate(a: str, b: str) -> float:
 # ----------------------------------------------------------------------------- GEMM
 
 
-def _gemm_work(key, m):
-    dtype, n, k = key
-    return rf.gemm_work(m, n, k, dtype)
-
-
 _GEMM = _Kind(
     "gemm",
-    _gemm_work,
     lambda q, c: _dtype_gate(q[0], c[0]) + _log_gap(q[1], c[1]) + _log_gap(q[2], c[2]),
 )
+
+
+def _gemm_dtypes(ps: ProfileSet) -> frozenset:
+    ck = ("gemm_dtypes",)
+    if ck not in ps.cache:
+        table = ps.tables.get("gemm")
+        ps.cache[ck] = frozenset(k[0] for k in table.grids) if table is not None else frozenset()
+    return ps.cache[ck]
 
 
 def gemm(ps: ProfileSet, m, n: int, k: int, dtype: str = "bfloat16") -> Result:
@@ -330,6 +434,8 @@ def gemm(ps: ProfileSet, m, n: int, k: int, dtype: str = "bfloat16") -> Result:
 
     `n`, `k` are the per-GPU (post-sharding) output and input features; `dtype`
     one of the table's GEMM dtypes (bfloat16, fp8, fp8_block where measured).
+    A dtype the table lacks (dropped as implausible at import, e.g. H100
+    fp8_block) is read from its fallback family (fp8) of the same shape, FITTED.
     """
     return _lookup(ps, _GEMM, (dtype, int(n), int(k)), [m])
 
@@ -337,23 +443,16 @@ def gemm(ps: ProfileSet, m, n: int, k: int, dtype: str = "bfloat16") -> Result:
 # ----------------------------------------------------------------------------- attention
 
 
-def _attn_work(key, batch, kv_len):
-    kv_dtype, nh, nkv, hd, window = key
-    if window > 0:
-        kv_len = np.minimum(kv_len, window)
-    return rf.attention_work(batch, nh, nkv, hd, kv_len, kv_dtype)
-
-
 def _attn_distance(q: tuple, c: tuple) -> float:
     if c[4] not in (0, q[4]):
         return math.inf
     d = 0.0 if c[0] == q[0] else 4.0  # other KV dtype only as a last resort
     d += _log_gap(q[2] * q[3], c[2] * c[3]) + 0.5 * _log_gap(q[1], c[1])
-    d += 0.5 * _log_gap(q[3], c[3])
+    d += _log_gap(q[3], c[3])  # the kernel path depends on head_dim: keep it where possible
     return d + (0.0 if c[4] == q[4] else 0.25)
 
 
-_ATTN = _Kind("attention", _attn_work, _attn_distance, attention_overhead=True)
+_ATTN = _Kind("attention", _attn_distance, attention_overhead=True)
 
 
 def decode_attention(
@@ -384,14 +483,8 @@ def decode_attention(
 # ----------------------------------------------------------------------------- MLA
 
 
-def _mla_work(key, batch, kv_len):
-    kv_dtype, gemm_dtype, nh = key
-    return rf.mla_work(batch, nh, kv_len, kv_dtype, gemm_dtype)
-
-
 _MLA = _Kind(
     "mla",
-    _mla_work,
     lambda q, c: (
         (0.0 if q[0] == c[0] else 2.0) + (0.0 if q[1] == c[1] else 1.0) + _log_gap(q[2], c[2])
     ),
@@ -417,18 +510,14 @@ def mla_decode(
 # ----------------------------------------------------------------------------- MoE
 
 
-def _moe_work(key, tokens):
-    dtype, hidden, inter, topk, n_experts, tp, ep = key
-    return rf.moe_work(tokens, hidden, inter, topk, n_experts, tp, ep, dtype)
-
-
 def _moe_distance(q: tuple, c: tuple) -> float:
     if q[0] != c[0]:
         return math.inf
-    return sum(_log_gap(a, b) for a, b in zip(q[1:], c[1:], strict=True))
+    d = sum(_log_gap(a, b) for a, b in zip(q[1:7], c[1:7], strict=True))
+    return d + (0.0 if q[7] == c[7] else 8.0)  # the other routing only as a last resort
 
 
-_MOE = _Kind("moe", _moe_work, _moe_distance)
+_MOE = _Kind("moe", _moe_distance)
 
 
 def moe(
@@ -441,28 +530,27 @@ def moe(
     tp: int = 1,
     ep: int = 1,
     dtype: str = "bfloat16",
+    routing: str = DEFAULT_MOE_ROUTING,
 ) -> Result:
-    """Latency (µs) of a fused MoE layer on one GPU, balanced routing.
+    """Latency (µs) of a fused MoE layer on one GPU.
 
     `tokens` is the number of tokens entering the layer on this GPU (before
     top-k replication); `inter` is the full expert intermediate size (the
     table's convention), sharded by `tp`; experts are split over `ep` GPUs.
+    `routing` picks the measured expert-load family: "balanced" (every expert
+    equally loaded) or "power-law" (aiconfigurator's alpha = 1.2 skew).
     """
-    key = (dtype, int(hidden), int(inter), int(topk), int(n_experts), int(tp), int(ep))
+    if routing not in MOE_ROUTINGS:
+        raise UserError(f"--moe-routing: expected one of {', '.join(MOE_ROUTINGS)}, got '{routing}'")
+    key = (dtype, int(hidden), int(inter), int(topk), int(n_experts), int(tp), int(ep), routing)
     return _lookup(ps, _MOE, key, [tokens])
 
 
 # ----------------------------------------------------------------------------- all-reduce
 
 
-def _ar_work(key, message_bytes):
-    _dtype, n_gpus = key
-    return rf.allreduce_work(n_gpus, message_bytes), np.zeros_like(message_bytes)
-
-
 _AR = _Kind(
     "allreduce",
-    _ar_work,
     lambda q, c: (0.0 if q[0] == c[0] else 1.0) + _log_gap(q[1], c[1]),
 )
 

@@ -26,7 +26,7 @@ from opweave_planner.structure.operators import Operator, OperatorSequence
 
 SOURCE_NAMES = interp.SOURCE_NAMES
 _REPLICATED = ("router", "mla_down")  # small or latent-shared weights every TP rank keeps
-_ALLREDUCE_AFTER = ("o_proj", "ffn_down", "moe_down")
+_ALLREDUCE_AFTER = ("embed", "o_proj", "ffn_down", "moe_down")  # embed: vocab-parallel partial sums
 MOE_UP_SHARE = 2.0 / 3.0  # gate+up carry two thirds of a gated MoE's bytes and FLOPs
 
 
@@ -53,14 +53,29 @@ def _fits(root: Path, backend: str) -> dict:
     return interp.shipped_efficiencies(root, backend)
 
 
-class _Kernels:
-    """Kernel costs for one GPU: measured tables when present, else the calibrated roofline."""
+def kv_heads_per_rank(n_kv_heads: int, tp: int) -> int:
+    """KV heads each TP rank holds: split while there are enough, one replicated head beyond.
 
-    def __init__(self, gpu: GpuType, root: Path, backend: str) -> None:
+    vLLM's rule (``QKVParallelLinear``: ``num_kv_heads_per_rank = max(1, num_kv_heads // tp)``,
+    the heads replicated ``tp // num_kv_heads`` times).
+    """
+    return max(1, n_kv_heads // tp)
+
+
+class _Kernels:
+    """Kernel costs for one GPU description: measured tables when present, else the calibrated roofline.
+
+    The profile set is viewed through the GPU description (`GpuType.system_updates`), so
+    a catalog override of bandwidth or peak reaches the tables' speed-of-light scaling
+    and fallbacks as well as the roofline.
+    """
+
+    def __init__(self, gpu: GpuType, root: Path, backend: str, moe_routing: str) -> None:
         self.gpu = gpu
         self.ps = None
+        self.routing = moe_routing
         if gpu.id in available_gpus(root):
-            self.ps = load_profile_set(root, gpu.id, backend)
+            self.ps = load_profile_set(root, gpu.id, backend).with_system(gpu.system_updates())
             self.eff, fitted = interp.efficiency(self.ps)
             self.fallback = interp.FITTED if fitted else interp.ROOFLINE
         else:
@@ -71,9 +86,9 @@ class _Kernels:
             else:
                 self.eff, self.fallback = rf.DEFAULT_EFFICIENCY, interp.ROOFLINE
 
-    def _roof(self, work, b, attention=False):
+    def _roof(self, work, b, dtype="bfloat16", attention=False):
         nbytes, flops = work
-        peak = self.gpu.bf16_tflops
+        peak = self.gpu.peak(dtype)
         over = self.eff.attention_overhead_us if attention else None
         lat = rf.roofline_us(nbytes, flops, self.gpu.bandwidth_gbps, peak, self.eff, overhead_us=over)
         return np.broadcast_to(lat, b.shape).astype(np.float64), np.full(b.shape, self.fallback, np.int8)
@@ -81,10 +96,15 @@ class _Kernels:
     def gemm(self, b, n, k, dtype):
         if self.ps is not None:
             return interp.gemm(self.ps, b, n, k, dtype)
-        return self._roof(rf.gemm_work(b, n, k, dtype), b)
+        return self._roof(rf.gemm_work(b, n, k, dtype), b, dtype)
 
-    def elementwise(self, b, width, reads=1, writes=1):
-        return self._roof(rf.elementwise_work(b, width, reads, writes), b)
+    def elementwise(self, b, nbytes_per_token):
+        """A memory-bound pass (norm, rotary, activation, KV write): bytes over the fitted
+        bandwidth, never below this GPU's per-kernel launch floor."""
+        t = b * nbytes_per_token / (self.gpu.bandwidth_gbps * 1e3 * self.eff.bw)
+        lat = np.maximum(t, self.gpu.kernel_floor_us)
+        code = interp.FITTED if self.ps is not None else self.fallback
+        return lat, np.full(b.shape, code, np.int8)
 
     def attention(self, b, nh, nkv, hd, ctx, window):
         if self.ps is not None:
@@ -97,8 +117,8 @@ class _Kernels:
 
     def moe(self, b, hidden, inter, topk, experts, tp, ep, dtype):
         if self.ps is not None:
-            return interp.moe(self.ps, b, hidden, inter, topk, experts, tp, ep, dtype)
-        return self._roof(rf.moe_work(b, hidden, inter, topk, experts, tp, ep, dtype), b)
+            return interp.moe(self.ps, b, hidden, inter, topk, experts, tp, ep, dtype, self.routing)
+        return self._roof(rf.moe_work(b, hidden, inter, topk, experts, tp, ep, dtype), b, dtype)
 
     def allreduce(self, tp, nbytes):
         if tp == 1:
@@ -110,14 +130,30 @@ class _Kernels:
         return lat, np.full(nbytes.shape, self.fallback, np.int8)
 
 
+def qkv_split(op: Operator, tp: int) -> tuple[int, int] | None:
+    """(query width, key+value width) per GPU of a softmax-attention QKV projection, or None."""
+    a = op.attention
+    if op.kind != "qkv_proj" or a is None or a.kind not in ("full", "sliding"):
+        return None
+    q_out = a.n_heads * a.head_dim * (2 if a.q_gate else 1)
+    return max(1, q_out // tp), 2 * kv_heads_per_rank(a.n_kv_heads, tp) * a.head_dim
+
+
 def sharded_gemms(op: Operator, tp: int) -> list[tuple[int, int]]:
-    """Per-GPU (n, k) of an operator's GEMMs: row-parallel projections split k, the rest n."""
+    """Per-GPU (n, k) of an operator's GEMMs: row-parallel projections split k, the rest n.
+
+    A QKV projection keeps whole KV heads per GPU: past the KV-head count they are
+    replicated, so its width is q/tp + 2 * kv_heads_per_rank * head_dim.
+    """
     out = []
+    split = qkv_split(op, tp)
     for n, k in op.gemm:
         if op.kind in _REPLICATED:
             out.append((n, k))
         elif op.kind in ("o_proj", "ffn_down", "shared_down"):
             out.append((n, max(1, k // tp)))
+        elif split is not None:
+            out.append((sum(split), k))
         else:
             out.append((max(1, n // tp), k))
     return out
@@ -126,7 +162,7 @@ def sharded_gemms(op: Operator, tp: int) -> list[tuple[int, int]]:
 def sharded_attention(op: Operator, tp: int) -> tuple[int, int, int]:
     """Per-GPU (query heads, KV heads, head dim) of a decode-attention operator."""
     a = op.attention
-    return max(1, a.n_heads // tp), max(1, a.n_kv_heads // tp), a.head_dim
+    return max(1, a.n_heads // tp), kv_heads_per_rank(a.n_kv_heads, tp), a.head_dim
 
 
 def kernel_shapes(seq: OperatorSequence, tp: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int, int]]]:
@@ -152,17 +188,53 @@ def _moe_dtype(op: Operator) -> str:
     return "fp8_block" if wb < 1.5 else "bfloat16"
 
 
+def elementwise_bytes(op: Operator, seq: OperatorSequence, tp: int) -> list[float]:
+    """Bytes per token of each elementwise kernel an operator launches on one GPU.
+
+    vLLM's decode step per layer: fused residual-add + RMSNorm before attention
+    and before the MLP (read x and residual, write both: 4 x hidden), rotary on
+    q and k and the KV-cache write (read + write of the per-GPU q/k/v widths),
+    and SiLU-and-mul (read 2 x width, write 1 x width). The final norm joins the
+    LM head, the embedding is a gather (write hidden). Routers, MLA, linear
+    attention and MoE fuse their own passes and are costed by their kernels.
+    """
+    h, ab = seq.model.hidden_size, seq.model.act_bytes
+    norm = 4.0 * h * ab
+    extra = [2.0 * h * ab] if seq.model.norms_per_layer == 4 else []  # Gemma's post-norms
+    if op.kind == "embed":
+        return [h * ab]
+    if op.kind == "lm_head":
+        return [norm]
+    if op.kind == "o_proj":
+        return extra + [norm]  # post-attention residual add + norm (pre-MLP)
+    if op.kind in ("ffn_down", "moe_down"):
+        return extra
+    split = qkv_split(op, tp)
+    if split is not None:
+        q, kv = split
+        rotary = 2.0 * (q + kv / 2) * ab
+        kv_write = kv * (ab + seq.model.kv_bytes)
+        return [norm, rotary, kv_write]
+    if op.kind == "qkv_proj":  # linear attention's input projection: the norm only
+        return [norm]
+    if op.kind in ("mla_down",):
+        return [norm]
+    if op.kind in ("ffn_up", "shared_up"):
+        width = sum(n for n, _ in sharded_gemms(op, tp)) / 2
+        return [3.0 * width * ab]
+    return []
+
+
 def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b):
     """(latency µs, source) arrays over microbatch sizes `b` for one operator on one GPU."""
     h = seq.model.hidden_size
     tp = par.tp
     parts = []
     if op.kind == "embed":
-        parts.append(kern.elementwise(b, h))
+        pass  # the gather is its elementwise pass; its all-reduce is added below
     elif op.gemm:
         for n, k in sharded_gemms(op, tp):
             parts.append(kern.gemm(b, n, k, _gemm_dtype(op)))
-        parts.append(kern.elementwise(b, h))  # fused norm / activation / residual pass
     elif op.kind in ("attn_full", "attn_sliding"):
         parts.append(kern.attention(b, *sharded_attention(op, tp), ctx, op.attention.window or 0))
     elif op.kind == "attn_linear":
@@ -179,6 +251,8 @@ def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parall
         parts.append((lat * share, src))
     else:
         raise UserError(f"operator kind '{op.kind}' has no latency model")
+    for nbytes in elementwise_bytes(op, seq, tp):
+        parts.append(kern.elementwise(b, nbytes))
     if op.kind in _ALLREDUCE_AFTER:
         parts.append(kern.allreduce(tp, b * h * seq.model.act_bytes))
     lats = np.array([p[0] for p in parts])
@@ -195,9 +269,12 @@ def _signature(op: Operator) -> tuple:
 @lru_cache(maxsize=256)
 def op_latencies(seq: OperatorSequence, gpu: GpuType, par: Parallel, context: int,
                  mb_grid: tuple[int, ...], profiles_dir: str | None = None,
-                 backend: str = "vllm") -> OpLatencies:
-    """Latency of every operator of `seq` for each microbatch size in `mb_grid`."""
-    kern = _Kernels(gpu, profiles_root(profiles_dir).resolve(), backend)
+                 backend: str = "vllm", moe_routing: str = interp.DEFAULT_MOE_ROUTING) -> OpLatencies:
+    """Latency of every operator of `seq` for each microbatch size in `mb_grid`.
+
+    `moe_routing` ("balanced" | "power-law") picks the fused-MoE tables' expert-load family.
+    """
+    kern = _Kernels(gpu, profiles_root(profiles_dir).resolve(), backend, moe_routing)
     b = np.asarray(mb_grid, dtype=np.float64)
     lat = np.empty((seq.n, b.size))
     src = np.empty((seq.n, b.size), np.int8)
@@ -211,19 +288,28 @@ def op_latencies(seq: OperatorSequence, gpu: GpuType, par: Parallel, context: in
 
 
 def weight_shard(op: Operator, tp: int) -> float:
-    """Per-GPU resident weight bytes of an operator in a TP group of `tp`."""
+    """Per-GPU resident weight bytes of an operator in a TP group of `tp`.
+
+    Replicated kinds keep everything; a QKV projection keeps its query share
+    plus whole (possibly replicated) KV heads; the rest splits evenly.
+    """
     if op.kind in _REPLICATED:
         return op.weight_bytes
+    split = qkv_split(op, tp)
+    if split is not None:
+        full = sum(n for n, _ in op.gemm)
+        return op.weight_bytes * sum(split) / full
     return op.weight_bytes / tp
 
 
 def kv_shard(op: Operator, tp: int, context: int) -> float:
-    """Per-GPU KV/state bytes per request: heads split up to the KV-head count."""
+    """Per-GPU KV/state bytes per request: `kv_heads_per_rank` heads (MLA latents replicated)."""
     total = op.kv_bytes(context)
     if not total:
         return 0.0
     a = op.attention
     if op.kind == "attn_mla":
         return total
-    heads = a.lin_v_heads if op.kind == "attn_linear" else a.n_kv_heads
-    return total / min(tp, heads)
+    if op.kind == "attn_linear":
+        return total / min(tp, a.lin_v_heads)
+    return total * kv_heads_per_rank(a.n_kv_heads, tp) / a.n_kv_heads

@@ -174,15 +174,23 @@ def moe_work(
     tp: int = 1,
     ep: int = 1,
     dtype: str = "bfloat16",
+    *,
+    routing: str = "balanced",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes, flops) on one GPU of a fused gated MoE (gate, up, down) with balanced routing.
+    """(bytes, flops) on one GPU of a fused gated MoE (gate, up, down).
 
-    Expected distinct local experts touched by T tokens: E_l * (1 - (1 - topk/E)**T).
+    Expected distinct local experts touched by T tokens: balanced routing
+    E_l * (1 - (1 - topk/E)**T) (uniform random choice, a lower bound for an
+    even spread); skewed ("power-law") routing can concentrate on few experts,
+    so only min(E_l, max(1, topk/ep)) is certain.
     """
     t = np.asarray(tokens, dtype=np.float64)
     local = n_experts / ep
     inter_l = inter / tp
-    active = local * (1.0 - (1.0 - topk / n_experts) ** t)
+    if routing == "balanced":
+        active = local * (1.0 - (1.0 - topk / n_experts) ** t)
+    else:
+        active = np.full(t.shape, min(local, max(1.0, topk / ep)))
     nbytes = active * 3.0 * hidden * inter_l * dtype_bytes(dtype) + t * hidden * 4.0
     flops = 2.0 * t * (topk / ep) * 3.0 * hidden * inter_l
     return nbytes, flops

@@ -17,6 +17,7 @@ Only numpy, orjson and pydantic are needed here; pyarrow is for the importer.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +28,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from opweave_planner.errors import UserError
+from opweave_planner.inputs.hardware import SystemSpec
+from opweave_planner.latency.monotone import KEEP_TOL, robust_monotone
 
 __all__ = [
     "FORMAT_VERSION",
@@ -54,49 +57,15 @@ KIND_SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("batch", "kv_len"),
     ),
     "mla": (("kv_dtype", "gemm_dtype", "n_heads"), ("batch", "kv_len")),
-    "moe": (("dtype", "hidden", "inter", "topk", "n_experts", "tp", "ep"), ("tokens",)),
+    "moe": (("dtype", "hidden", "inter", "topk", "n_experts", "tp", "ep", "routing"), ("tokens",)),
     "allreduce": (("dtype", "n_gpus"), ("message_bytes",)),
 }
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 
 
-class SystemSpec(BaseModel):
-    """Hardware facts of one GPU type. Bandwidths in GB/s (1e9 B/s), peaks in TFLOPS."""
-
-    model_config = _STRICT
-
-    format_version: int
-    gpu: str
-    device: str
-    sm_version: int | None = None
-    memory_bytes: int
-    memory_bandwidth_gbps: float
-    #: dtype -> dense tensor-core peak in TFLOPS (bfloat16 always present)
-    peak_tflops: dict[str, float]
-    power_w: float | None = None
-    gpus_per_node: int
-    intra_node_bandwidth_gbps: float
-    inter_node_bandwidth_gbps: float
-    pcie_bandwidth_gbps: float | None = None
-    p2p_latency_us: float | None = None
-    #: tensor-parallel size (as a string key) -> bytes NCCL keeps per GPU
-    nccl_memory_bytes: dict[str, int] = {}
-    #: framework/runtime bytes reserved per GPU besides weights, KV and NCCL
-    other_memory_bytes: int = 0
-    source: str = ""
-
-    def peak(self, dtype: str) -> float:
-        """Peak TFLOPS for `dtype`, falling back to the bfloat16 peak."""
-        return self.peak_tflops.get(_compute_dtype(dtype), self.peak_tflops["bfloat16"])
-
-
-def _compute_dtype(dtype: str) -> str:
-    if dtype.startswith("fp8"):
-        return "fp8"
-    if dtype in ("int8",):
-        return "int8"
-    return "bfloat16"
+#: labels a cell can carry besides "measured": moved by the monotone fit, raised to speed of light
+CELL_LABELS = ("smoothed", "floored")
 
 
 class _Group(BaseModel):
@@ -104,6 +73,8 @@ class _Group(BaseModel):
 
     key: tuple[str | int, ...]
     latency_us: list  # nested lists of float | None, depth = number of axes
+    #: label -> flat (C-order) indices of cells that are not plain measurements
+    labels: dict[Literal["smoothed", "floored"], list[int]] = {}
 
 
 class GridTable(BaseModel):
@@ -125,6 +96,7 @@ class GridTable(BaseModel):
 
     _axes: tuple[np.ndarray, ...] = PrivateAttr()
     _grids: dict[tuple, np.ndarray] = PrivateAttr()
+    _labels: dict[tuple, np.ndarray] = PrivateAttr()
 
     def model_post_init(self, _ctx: object) -> None:
         want_keys, want_axes = KIND_SCHEMA[self.kind]
@@ -138,6 +110,7 @@ class GridTable(BaseModel):
                 raise ValueError(f"axis '{name}' must be non-empty and strictly increasing")
         shape = tuple(a.size for a in axes)
         grids: dict[tuple, np.ndarray] = {}
+        labels: dict[tuple, np.ndarray] = {}
         for i, g in enumerate(self.groups):
             if len(g.key) != len(want_keys):
                 raise ValueError(f"groups[{i}].key must have {len(want_keys)} entries")
@@ -153,8 +126,16 @@ class GridTable(BaseModel):
             if g.key in grids:
                 raise ValueError(f"groups[{i}].key {list(g.key)} is repeated")
             grids[g.key] = grid
+            lab = np.zeros(shape, dtype=np.int8)
+            for code, name in enumerate(CELL_LABELS, start=1):
+                idx = np.asarray(g.labels.get(name, []), dtype=np.int64)
+                if idx.size and (idx.min() < 0 or idx.max() >= grid.size):
+                    raise ValueError(f"groups[{i}].labels.{name} has an index outside the grid")
+                lab.reshape(-1)[idx] = code
+            labels[g.key] = lab
         self._axes = axes
         self._grids = grids
+        self._labels = labels
 
     @property
     def axis_arrays(self) -> tuple[np.ndarray, ...]:
@@ -165,6 +146,11 @@ class GridTable(BaseModel):
     def grids(self) -> dict[tuple, np.ndarray]:
         """key tuple -> float64 grid (nan where not measured). Do not mutate."""
         return self._grids
+
+    @property
+    def labels(self) -> dict[tuple, np.ndarray]:
+        """key tuple -> int8 grid: 0 measured, 1 + index in CELL_LABELS otherwise. Do not mutate."""
+        return self._labels
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,6 +167,23 @@ class ProfileSet:
 
     def table(self, kind: str) -> GridTable | None:
         return self.tables.get(kind)
+
+    def with_system(self, updates: dict) -> ProfileSet:
+        """This set costed on different hardware facts (a GPU description's), same tables.
+
+        Returns `self` when nothing changes, so lookups keep their warm cache;
+        the variant is memoised on `self`.
+        """
+        current = self.system.model_dump()
+        if all(current.get(k) == v for k, v in updates.items()):
+            return self
+        ck = ("with_system", tuple(sorted((k, repr(v)) for k, v in updates.items())))
+        got = self.cache.get(ck)
+        if got is None:
+            system = SystemSpec.model_validate({**current, **updates})
+            got = ProfileSet(self.gpu, self.backend, self.root, system, self.tables)
+            self.cache[ck] = got
+        return got
 
 
 def _load_json(path: Path) -> dict:
@@ -250,17 +253,6 @@ def grid_to_lists(grid: np.ndarray, digits: int = 4) -> list:
     return arr.tolist()
 
 
-def _monotone_measured(grid: np.ndarray) -> int:
-    """Running max along every axis over measured cells (nan stays nan); returns cells raised."""
-    before = grid.copy()
-    for ax in range(grid.ndim):
-        missing = np.isnan(grid)
-        filled = np.fmax.accumulate(np.where(missing, -np.inf, grid), axis=ax)
-        grid[...] = np.where(missing, np.nan, filled)
-    changed = np.isfinite(before) & (grid > before)
-    return int(changed.sum())
-
-
 def table_payload(
     kind: str,
     gpu: str,
@@ -271,12 +263,16 @@ def table_payload(
     device: str = "",
     source: str = "",
     notes: str = "",
+    floor: Callable[[tuple, list[np.ndarray]], np.ndarray] | None = None,
 ) -> dict:
     """Build a GridTable JSON payload from ``{(*key, *coords): latency_us}``.
 
-    Axes are the sorted distinct coordinates; every grid is made monotone
-    non-decreasing along each axis (running max over measured cells, the count
-    is recorded in ``notes``) and rounded to 4 significant digits.
+    Axes are the sorted distinct coordinates; every grid gets the robust
+    monotone fit (`monotone.robust_monotone`), then, when `floor(key, coords)`
+    is given (the speed-of-light time in µs), is raised to it; values are
+    rounded to 4 significant digits. Cells moved by more than
+    `monotone.KEEP_TOL` are labelled "smoothed", cells raised to the floor
+    "floored"; the counts are recorded in ``notes``.
     """
     key_fields, axis_names = KIND_SCHEMA[kind]
     nk = len(key_fields)
@@ -286,9 +282,34 @@ def table_payload(
     for p, lat in points.items():
         grid = grids.setdefault(p[:nk], np.full([len(a) for a in axes], np.nan))
         grid[tuple(index[i][c] for i, c in enumerate(p[nk:]))] = lat
-    raised = sum(_monotone_measured(g) for g in grids.values())
+    ax_arr = tuple(np.asarray(a, dtype=np.float64) for a in axes)
+    mesh = np.meshgrid(*ax_arr, indexing="ij")
+    groups = []
+    n_smooth = n_floor = 0
+    for k in sorted(grids, key=lambda k: tuple(str(x).zfill(12) for x in k)):
+        raw = grids[k]
+        fit = robust_monotone(raw, ax_arr)
+        smoothed = np.isfinite(raw) & (np.abs(fit - raw) > KEEP_TOL * raw)
+        floored = np.zeros(raw.shape, dtype=bool)
+        if floor is not None:
+            sol = np.asarray(floor(k, mesh), dtype=np.float64)
+            floored = np.isfinite(fit) & (fit < sol)
+            fit = np.where(floored, sol, fit)
+        labels = {}
+        if smoothed.any():
+            labels["smoothed"] = np.flatnonzero(smoothed & ~floored).tolist()
+        if floored.any():
+            labels["floored"] = np.flatnonzero(floored).tolist()
+        labels = {name: idx for name, idx in labels.items() if idx}
+        n_smooth += len(labels.get("smoothed", []))
+        n_floor += len(labels.get("floored", []))
+        group = {"key": list(k), "latency_us": grid_to_lists(fit)}
+        if labels:
+            group["labels"] = labels
+        groups.append(group)
     cells = sum(int(np.isfinite(g).sum()) for g in grids.values())
-    note = f"{cells} measured cells; running max raised {raised} noisy cells"
+    note = (f"{cells} measured cells; robust monotone fit moved {n_smooth} by more than "
+            f"{KEEP_TOL:.0%} (smoothed); {n_floor} raised to speed of light (floored)")
     return {
         "format_version": FORMAT_VERSION,
         "kind": kind,
@@ -300,10 +321,7 @@ def table_payload(
         "notes": f"{notes}; {note}" if notes else note,
         "key_fields": list(key_fields),
         "axes": dict(zip(axis_names, axes, strict=True)),
-        "groups": [
-            {"key": list(k), "latency_us": grid_to_lists(grids[k])}
-            for k in sorted(grids, key=lambda k: tuple(str(x).zfill(12) for x in k))
-        ],
+        "groups": groups,
     }
 
 

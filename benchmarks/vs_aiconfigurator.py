@@ -1,0 +1,148 @@
+"""Our colocated decode-step latency against aiconfigurator's static generation estimate.
+
+Both sides are built on the same measured database (aiconfigurator-core 0.12.0,
+vLLM backend); the comparison isolates how each turns kernel tables into a
+decode step. For every grid point that fits in memory by our budget
+(`latency.memory.usable_bytes`), it runs
+
+    aiconfigurator cli estimate --estimate-mode static_gen --backend vllm
+        --model-path <config dir> --system <h100_sxm|a100_sxm|l40s>
+        --isl <ctx> --osl 2 --batch-size <b> --tp-size <tp> [--moe-tp-size <tp>]
+
+and compares its TPOT with `api.profile_table(model, gpu, tp, ctx)`'s decode
+step at that batch (error = ours / theirs - 1). aiconfigurator is not a
+dependency: without it the script says so and exits 0. Results (with
+aiconfigurator's per-op breakdown of each point) are cached in
+``benchmarks/results/vs_aiconfigurator.json``; ``--table`` prints the summary
+from the cache only.
+
+    pip install aiconfigurator   # 0.12.0, into any environment; --aic points at its CLI
+    python benchmarks/vs_aiconfigurator.py [--aic PATH] [--table]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from opweave_planner import api
+from opweave_planner.data import shipped_dir
+from opweave_planner.inputs.hardware import load_hardware
+from opweave_planner.inputs.model import load_model
+from opweave_planner.latency.lookup import kv_shard, weight_shard
+from opweave_planner.latency.memory import usable_bytes
+from opweave_planner.structure.operators import build_sequence
+
+MODELS = ("llama-3.1-8b", "qwen3-32b", "llama-3.1-70b", "qwen3-30b-a3b")
+GPUS = {"h100": "h100_sxm", "a100": "a100_sxm", "l40s": "l40s"}
+TPS = (1, 2, 4, 8)
+BATCHES = (1, 8, 32, 128)
+CONTEXTS = (8192, 32768)
+CACHE = Path(__file__).parent / "results" / "vs_aiconfigurator.json"
+
+
+def fits(model: str, gpu: str, tp: int, batch: int, ctx: int) -> bool:
+    """Weights + KV of `batch` requests within our per-GPU budget."""
+    g = load_hardware().resolve(gpu)
+    seq = build_sequence(load_model(model))
+    need = sum(weight_shard(op, tp) for op in seq.ops) + batch * sum(kv_shard(op, tp, ctx) for op in seq.ops)
+    return need <= usable_bytes(g, tp)
+
+
+def run_aic(aic: str, model_dir: Path, system: str, tp: int, batch: int, ctx: int, moe: bool) -> dict:
+    cmd = [aic, "cli", "estimate", "--model-path", str(model_dir), "--system", system,
+           "--backend", "vllm", "--estimate-mode", "static_gen", "--isl", str(ctx), "--osl", "2",
+           "--batch-size", str(batch), "--tp-size", str(tp), "--detail", "time"]
+    if moe:
+        cmd += ["--moe-tp-size", str(tp), "--moe-ep-size", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
+    m = re.search(r"TPOT:\s+([\d.]+) ms", out)
+    ops = {name: float(ms) for name, ms in re.findall(r"^\s+generation_(\w+)\s+([\d.]+) ms", out, re.M)}
+    return {"tpot_ms": float(m.group(1)) if m else None, "ops_ms": ops}
+
+
+def ours(model: str, gpu: str, tp: int, batch: int, ctx: int) -> dict:
+    info = api.profile_table(model, gpu, tp, ctx, microbatches=(batch,))
+    by_kind: dict[str, float] = {}
+    for row in info["operators"]:
+        by_kind[row["kind"]] = by_kind.get(row["kind"], 0.0) + row["latency_us"][0] * row.get("count", 1) / 1e3
+    return {"step_ms": info["decode_step_ms"][0], "ops_ms": by_kind}
+
+
+def collect(aic: str, cache: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in MODELS:
+            mdir = Path(tmp) / model
+            mdir.mkdir()
+            (mdir / "config.json").write_bytes((shipped_dir("models") / f"{model}.json").read_bytes())
+            moe = any(op.kind == "moe_up" for op in build_sequence(load_model(model)).ops)
+            for gpu, system in GPUS.items():
+                for tp in TPS:
+                    for batch in BATCHES:
+                        for ctx in CONTEXTS:
+                            key = f"{model}|{gpu}|{tp}|{batch}|{ctx}"
+                            if key in cache or not fits(model, gpu, tp, batch, ctx):
+                                continue
+                            cache[key] = {"aic": run_aic(aic, mdir, system, tp, batch, ctx, moe)}
+                            CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    return cache
+
+
+def summary(cache: dict) -> list[tuple]:
+    rows = []
+    for key, rec in sorted(cache.items()):
+        theirs = rec["aic"]["tpot_ms"]
+        if not theirs:
+            continue
+        model, gpu, tp, batch, ctx = key.split("|")
+        mine = ours(model, gpu, int(tp), int(batch), int(ctx))
+        rows.append((model, gpu, int(tp), int(batch), int(ctx), mine["step_ms"], theirs,
+                     mine["step_ms"] / theirs - 1.0, mine["ops_ms"], rec["aic"]["ops_ms"]))
+    return rows
+
+
+def print_table(rows: list[tuple]) -> None:
+    err = np.array([abs(r[7]) for r in rows])
+    signed = np.array([r[7] for r in rows])
+    print(f"points {len(rows)}: |error| median {100 * np.median(err):.1f}%  p90 {100 * np.percentile(err, 90):.1f}%"
+          f"  max {100 * err.max():.1f}%; signed median {100 * np.median(signed):+.1f}%")
+    for gpu in GPUS:
+        e = np.array([abs(r[7]) for r in rows if r[1] == gpu])
+        if e.size:
+            print(f"  {gpu}: n={e.size} median {100 * np.median(e):.1f}% p90 {100 * np.percentile(e, 90):.1f}%"
+                  f" max {100 * e.max():.1f}%")
+    for model in MODELS:
+        e = np.array([abs(r[7]) for r in rows if r[0] == model])
+        if e.size:
+            print(f"  {model}: n={e.size} median {100 * np.median(e):.1f}% p90 {100 * np.percentile(e, 90):.1f}%"
+                  f" max {100 * e.max():.1f}%")
+    print("worst points (ours vs aiconfigurator, ms):")
+    for r in sorted(rows, key=lambda r: -abs(r[7]))[:10]:
+        print(f"  {r[0]} {r[1]} tp{r[2]} b{r[3]} ctx{r[4]}: {r[5]:.3f} vs {r[6]:.3f} ({100 * r[7]:+.1f}%)")
+        print(f"    ours: {', '.join(f'{k} {v:.3f}' for k, v in sorted(r[8].items(), key=lambda kv: -kv[1])[:6])}")
+        print(f"    aic:  {', '.join(f'{k} {v:.3f}' for k, v in sorted(r[9].items(), key=lambda kv: -kv[1])[:6])}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--aic", default=shutil.which("aiconfigurator"), help="aiconfigurator executable")
+    ap.add_argument("--table", action="store_true", help="summarise the cache, run nothing")
+    args = ap.parse_args(argv)
+    cache = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
+    if not args.table:
+        if not args.aic:
+            print("aiconfigurator is not installed (pip install aiconfigurator); nothing compared")
+            return
+        cache = collect(args.aic, cache)
+    print_table(summary(cache))
+
+
+if __name__ == "__main__":
+    main()
