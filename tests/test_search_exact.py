@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from opweave_planner.schedule.reference import simulate_rtt as ref_simulate_rtt
-from opweave_planner.search.evaluate import cost_rate, evaluate, owner_need
+from opweave_planner.search.evaluate import cost_rate, evaluate, owner_need, stage_time
 from opweave_planner.search.problem import Problem, check_problem, selection, typed
 from opweave_planner.search.walk import search_template
 
@@ -105,7 +105,9 @@ def instances(draw):
     lat = draw(st.integers(0, 4)) / 2
     slo = draw(st.integers(4, 240)) / 2
     lat_obj = draw(st.integers(0, 4)) == 0
-    return dict(latency_objective=lat_obj, stage_owner=owner, stage_start=start, stage_end=end, payload=payload, k=k, pref=pref,
+    stage_fixed = np.array([draw(st.integers(0, 2)) / 4 for _ in range(n_cfg)])
+    transfer_fixed = np.array([draw(st.integers(0, 2)) / 4 for _ in range(n_cfg)])
+    return dict(latency_objective=lat_obj, cfg_stage_fixed=stage_fixed, cfg_transfer_fixed=transfer_fixed, stage_owner=owner, stage_start=start, stage_end=end, payload=payload, k=k, pref=pref,
                 wpref=wpref, kvpref=kvpref, cfg_tp=cfg_tp, cfg_price=cfg_price, cfg_mem=cfg_mem,
                 cfg_ws=cfg_ws, cfg_ok=cfg_ok, cfg_gpu=cfg_gpu, cfg_node=cfg_node,
                 cfg_intra_bw=cfg_intra_bw, intra_lat=intra_lat, mb_index=mb_index,
@@ -120,7 +122,9 @@ def problem_of(inst) -> Problem:
         payload=inst["payload"], k=inst["k"], pref=inst["pref"], mpref=np.zeros_like(inst["pref"]),
         wpref=inst["wpref"], kvpref=inst["kvpref"], cfg_tp=inst["cfg_tp"], cfg_price=inst["cfg_price"],
         cfg_mem=inst["cfg_mem"], cfg_ws=inst["cfg_ws"], cfg_ok=inst["cfg_ok"], cfg_gpu=inst["cfg_gpu"],
-        cfg_node=inst["cfg_node"], cfg_intra_bw=inst["cfg_intra_bw"], mb_grid=mb_grid,
+        cfg_node=inst["cfg_node"], cfg_intra_bw=inst["cfg_intra_bw"],
+        cfg_stage_fixed=inst.get("cfg_stage_fixed", np.zeros(inst["cfg_tp"].size)),
+        cfg_transfer_fixed=inst.get("cfg_transfer_fixed", np.zeros(inst["cfg_tp"].size)), mb_grid=mb_grid,
         mb_index=inst["mb_index"], batches=inst["batches"], max_mu=inst["max_mu"], max_rep=inst["max_rep"],
         max_gpus=inst["max_gpus"], bw=inst["bw"], lat=inst["lat"], intra_lat=inst["intra_lat"],
         slo=inst["slo"], latency_objective=inst.get("latency_objective", False),
@@ -155,9 +159,7 @@ def owner_points(prob, o, B, mu):
                 continue
             tot = 0.0
             for j in stages:
-                s, e = prob.stage_start[j], prob.stage_end[j]
-                row = prob.pref[c, m]
-                tot += row[e] - row[s] if e > s else row[-1] - row[s] + row[e]
+                tot += stage_time(prob.pref[c, m], prob.stage_start[j], prob.stage_end[j], prob.cfg_stage_fixed[c])
             tp = int(prob.cfg_tp[c])
             r = cost_rate(prob.latency_objective, prob.k, prob.cfg_price[c], prob.cfg_tp[c], mu, bh)
             rho = tp / (mu * bh)

@@ -24,7 +24,7 @@ SCHEMA_VERSION = "1.2"
 # Keys added after 1.0, with the MINOR that introduced them: a file is stamped with the lowest
 # version whose schema covers the keys it actually carries, so old readers keep reading it.
 _MINOR_KEYS = (("max_stages", 2), ("max_nodes", 2), ("gpus_per_node", 2), ("memory_headroom", 2),
-               ("prefer_simpler", 2))
+               ("prefer_simpler", 2), ("gpu_memory_utilization", 2), ("moe_routing", 2), ("fixed_costs", 2))
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -119,7 +119,15 @@ class SpaceOut(_Frozen):
                                       "fewest GPUs) within this share of the optimum, which is listed "
                                       "under alternatives.optimum; added in schema 1.2", default=None, ge=0)
     moe_expert_parallel: bool = _f("Expert-parallel variants searched for MoE owners")
-    memory_reserve_gb: float = _f("Per-GPU memory held back for framework/CUDA context, GiB", ge=0)
+    gpu_memory_utilization: float | None = _f("Share of each GPU's memory the runtime may use (vLLM's "
+                                              "gpu_memory_utilization); added in schema 1.2", default=None,
+                                              gt=0, le=1)
+    moe_routing: str | None = _f("MoE kernel tables used: power-law or balanced; added in schema 1.2",
+                                 default=None)
+    fixed_costs: bool | None = _f("Stages and hand-offs were charged their fixed dispatch / NCCL call "
+                                  "costs; added in schema 1.2", default=None)
+    memory_reserve_gb: float = _f("Per-GPU memory held back for framework/CUDA context inside the "
+                                  "runtime's budget, GiB (NCCL buffers by TP come on top)", ge=0)
 
 
 class SearchStats(_Frozen):

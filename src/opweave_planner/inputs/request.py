@@ -91,6 +91,14 @@ class PlanRequest(BaseModel):
         f"Per-GPU memory kept for the framework, CUDA context and allocator, GiB (default "
         f"{DEFAULT_RESERVE_GB}, plus NCCL buffers by TP)", flags=("--memory-reserve-gb", "--reserve-gb"),
         space=True, ge=0, le=1024)
+    gpu_memory_utilization: float = _setting(
+        "Share of each GPU's memory the runtime may use (vLLM's gpu_memory_utilization; default 0.9, "
+        "vLLM's EngineArgs default)", default=0.9, space=True, gt=0, le=1)
+    moe_routing: str = _setting("MoE kernel tables: power-law (skewed real routing, the default) or "
+                                "balanced (uniform routing)", default="power-law", space=True)
+    fixed_costs: bool = _setting("Charge each stage a dispatch cost and each hand-off an NCCL call cost "
+                                 "(measured per GPU, docs/profiles.md)", flags=("--fixed-costs/--no-fixed-costs",),
+                                 default=True, space=True)
     prices: str | None = _setting("TOML/JSON file: GPU id -> USD per GPU-hour")
     catalog: str | None = _setting("TOML/JSON file adding or overriding GPU types")
     profiles: str | None = _setting("Latency profile folder (default: shipped)")
@@ -170,6 +178,14 @@ class PlanRequest(BaseModel):
     @classmethod
     def _latency(cls, v: Any) -> float | None:
         return None if v is None else units.parse_latency_us(v, "--network-latency")
+
+    @field_validator("moe_routing", mode="before")
+    @classmethod
+    def _routing(cls, v: Any) -> str:
+        text = str(v).strip().lower().replace("_", "-")
+        if text not in ("power-law", "balanced"):
+            raise UserError(f"--moe-routing: '{v}' unknown; expected power-law or balanced")
+        return text
 
     @field_validator("memory_headroom", "prefer_simpler", mode="before")
     @classmethod

@@ -7,15 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from opweave_planner.inputs.hardware import GIB, GpuType, Hardware
+from opweave_planner.inputs.hardware import GpuType, Hardware
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.latency.interp import INTERPOLATED
 from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
+from opweave_planner.latency.memory import fixed_costs, usable_bytes
 from opweave_planner.search.problem import Problem, check_problem, typed
 from opweave_planner.structure.operators import OperatorSequence, OpKind
 from opweave_planner.structure.templates import StagePlan, boundary_payload
-
-NCCL_RESERVE_GB = {1: 0.0, 2: 0.334, 4: 0.383, 8: 0.383}  # NCCL buffers by TP group size
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,8 @@ class SearchArrays:
     cfg_gpu: np.ndarray  # GPU type index of each config
     cfg_node: np.ndarray  # GPUs per node
     cfg_intra_bw: np.ndarray  # intra-node bytes per µs
+    cfg_stage_fixed: np.ndarray  # µs each stage of a config costs per microbatch (graph dispatch)
+    cfg_transfer_fixed: np.ndarray  # µs of one NCCL send/recv call on a config's GPU type
     mb_index: np.ndarray  # b_hat -> grid index (or -1)
     bw: float  # inter-node bytes per µs
     lat: float  # inter-node µs
@@ -73,16 +74,16 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
     wpref = np.zeros((c_n, n + 1))
     kvpref = np.zeros((c_n, n + 1))
     max_out = max(op.out_bytes for op in seq.ops)
-    reserve = req.reserve_gb
     cfg_mem, cfg_ws = np.zeros(c_n), np.zeros(c_n)
     for c, cfg in enumerate(configs):
         tp = cfg.parallel.tp
-        lat = op_latencies(seq, cfg.gpu, cfg.parallel, context, mb_grid, profiles_dir, backend)
+        lat = op_latencies(seq, cfg.gpu, cfg.parallel, context, mb_grid, profiles_dir, backend, req.moe_routing)
         pref[c, :, 1:] = np.cumsum(lat.lat_us.T, axis=1)
         mpref[c, :, 1:] = np.cumsum((lat.lat_us * (lat.source <= INTERPOLATED)).T, axis=1)
         wpref[c, 1:] = np.cumsum([weight_shard(op, tp) for op in seq.ops])
         kvpref[c, 1:] = np.cumsum([kv_shard(op, tp, context) for op in seq.ops])
-        cfg_mem[c] = cfg.gpu.memory_bytes - (reserve + NCCL_RESERVE_GB.get(tp, 0.383)) * GIB
+        cfg_mem[c] = usable_bytes(cfg.gpu, tp, utilization=req.gpu_memory_utilization,
+                                  reserve_gb=req.memory_reserve_gb)
         if req.memory_headroom:
             cfg_mem[c] *= 1.0 - req.memory_headroom
         # activation buffers (a few live tensors) and the fp32 logits slice
@@ -92,6 +93,8 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
     mb_index = np.full(max(mb_grid) + 1, -1, np.int64)
     for i, b in enumerate(mb_grid):
         mb_index[b] = i
+    fixed = {g.id: fixed_costs(g) for g in {cfg.gpu.id: cfg.gpu for cfg in configs}.values()}
+    on = 1.0 if req.fixed_costs else 0.0
     return SearchArrays(
         configs=configs, mb_grid=mb_grid, pref=pref, mpref=mpref, wpref=wpref, kvpref=kvpref, moe_pref=moe_pref,
         cfg_tp=np.array([c.parallel.tp for c in configs], np.int64),
@@ -101,6 +104,8 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
         cfg_gpu=np.array([hw.ids().index(c.gpu.id) for c in configs], np.int64),
         cfg_node=np.array([node_size(c.gpu, req) for c in configs], np.int64),
         cfg_intra_bw=np.array([c.gpu.intra_node_gbps * 1e3 for c in configs]),
+        cfg_stage_fixed=np.array([on * fixed[c.gpu.id].stage_dispatch_us for c in configs]),
+        cfg_transfer_fixed=np.array([on * fixed[c.gpu.id].transfer_fixed_us for c in configs]),
         mb_index=mb_index,
         bw=hw.network.inter_node_gbps * 1e3,
         lat=hw.network.inter_node_latency_us,
@@ -143,7 +148,8 @@ def make_problem(arrays: SearchArrays, st: StageArrays, req: PlanRequest, *, bat
         stage_owner=st.owner, stage_start=st.start, stage_end=st.end, payload=st.payload, k=st.k,
         pref=arrays.pref, mpref=arrays.mpref, wpref=arrays.wpref, kvpref=arrays.kvpref,
         cfg_tp=arrays.cfg_tp, cfg_price=arrays.cfg_price, cfg_mem=arrays.cfg_mem, cfg_ws=arrays.cfg_ws,
-        cfg_ok=ok, cfg_gpu=arrays.cfg_gpu, cfg_node=arrays.cfg_node,
+        cfg_ok=ok, cfg_gpu=arrays.cfg_gpu, cfg_node=arrays.cfg_node, cfg_stage_fixed=arrays.cfg_stage_fixed,
+        cfg_transfer_fixed=arrays.cfg_transfer_fixed,
         cfg_intra_bw=arrays.cfg_intra_bw, mb_grid=np.array(arrays.mb_grid, np.int64),
         mb_index=arrays.mb_index, batches=np.array(batches, np.int64), max_mu=req.max_microbatches,
         max_rep=req.max_replicas, max_gpus=req.max_gpus, bw=arrays.bw, lat=arrays.lat,

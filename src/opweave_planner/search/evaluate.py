@@ -39,8 +39,21 @@ def range_sum(pref, start, end):
 
 
 @njit(cache=True)
+def stage_time(pref_row, start, end, fixed):
+    """A stage's compute time per microbatch: its operators' latencies plus the fixed
+    dispatch cost every stage pays however small (a graph launch after its input arrives)."""
+    return range_sum(pref_row, start, end) + fixed
+
+
+@njit(cache=True)
 def transfer_occupancy(payload, bh_send, bh_recv, bw):
     return payload * max(bh_send, bh_recv) / bw
+
+
+@njit(cache=True)
+def transfer_fixed(p, c_send, c_recv):
+    """One NCCL send/recv call per hand-off: the slower endpoint's fixed cost (µs)."""
+    return max(p.cfg_transfer_fixed[c_send], p.cfg_transfer_fixed[c_recv])
 
 
 @njit(cache=True)
@@ -102,11 +115,12 @@ def stage_vectors(p, sc, link_bw, link_lat):
     s = p.stage_owner.shape[0]
     for j in range(s):
         o = p.stage_owner[j]
-        sc.t[j] = range_sum(p.pref[sc.cfg[o], sc.mb[o]], p.stage_start[j], p.stage_end[j])
+        c = sc.cfg[o]
+        sc.t[j] = stage_time(p.pref[c, sc.mb[o]], p.stage_start[j], p.stage_end[j], p.cfg_stage_fixed[c])
         b = p.stage_owner[(j + 1) % s]
         if b != o:
             sc.occ[j] = transfer_occupancy(p.payload[j], sc.bh[o], sc.bh[b], link_bw)
-            sc.latv[j] = link_lat
+            sc.latv[j] = link_lat + transfer_fixed(p, c, sc.cfg[b])
         else:
             sc.occ[j] = 0.0
             sc.latv[j] = 0.0

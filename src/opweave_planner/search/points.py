@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from opweave_planner.search.evaluate import cost_rate, memory_need, range_sum
+from opweave_planner.search.evaluate import cost_rate, memory_need, range_sum, stage_time
 from opweave_planner.search.problem import hot
 
 # counter slots (Counters field order)
@@ -52,7 +52,7 @@ class Points(NamedTuple):
 @njit(cache=True)
 def owner_tables(p):
     owner, start, end, payload, ok = p.stage_owner, p.stage_start, p.stage_end, p.payload, p.cfg_ok
-    pref, wpref, kvpref = p.pref, p.wpref, p.kvpref
+    pref, wpref, kvpref, fixed = p.pref, p.wpref, p.kvpref, p.cfg_stage_fixed
     s, k = owner.shape[0], p.k
     n_cfg, n_mb = pref.shape[0], pref.shape[1]
     count = np.zeros(k, np.int64)
@@ -79,7 +79,7 @@ def owner_tables(p):
             wown[o, c] += range_sum(wpref[c], start[j], end[j])
             kvown[o, c] += range_sum(kvpref[c], start[j], end[j])
             for m in range(n_mb):
-                tab[o, c, m, pos[j]] = range_sum(pref[c, m], start[j], end[j])
+                tab[o, c, m, pos[j]] = stage_time(pref[c, m], start[j], end[j], fixed[c])
     return OwnerTables(tab, count, pos, wown, kvown, pair_payload, n_cross)
 
 
@@ -142,9 +142,9 @@ def _dominates(tab, length, r, c, m, a, b):
 @hot
 def pareto_filter(p, ot, o, cross_type, pts, counters):
     """Keep the network-safe frontier: dominance only at equal TP and equal b (equal transfer
-    sizes and GPU count), and across GPU types only when no candidate of this (B, mu) fits in
-    one node (otherwise the GPU type decides the link)."""
-    tp, gpu, tab, length = p.cfg_tp, p.cfg_gpu, ot.tab[o], ot.count[o]
+    sizes and GPU count), with no dearer NCCL call, and across GPU types only when no candidate
+    of this (B, mu) fits in one node (otherwise the GPU type decides the link)."""
+    tp, gpu, tx, tab, length = p.cfg_tp, p.cfg_gpu, p.cfg_transfer_fixed, ot.tab[o], ot.count[o]
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     npts = pts.count[o]
     keep = pts.keep
@@ -154,6 +154,8 @@ def pareto_filter(p, ot, o, cross_type, pts, counters):
             if a == b or not keep[a] or tp[pc[a]] != tp[pc[b]] or pbh[a] != pbh[b]:
                 continue
             if not cross_type and gpu[pc[a]] != gpu[pc[b]]:
+                continue
+            if tx[pc[a]] > tx[pc[b]]:  # a's hand-offs would cost more: not safe to drop b
                 continue
             if _dominates(tab, length, pr, pc, pm, a, b):
                 keep[b] = False

@@ -41,6 +41,8 @@ class Problem(NamedTuple):
     cfg_gpu: np.ndarray  # int64[C]: GPU type index
     cfg_node: np.ndarray  # int64[C]: GPUs per node
     cfg_intra_bw: np.ndarray  # float64[C]: intra-node bytes per µs
+    cfg_stage_fixed: np.ndarray  # float64[C]: µs each stage costs per microbatch (dispatch)
+    cfg_transfer_fixed: np.ndarray  # float64[C]: µs of one NCCL send/recv call on the config's GPU
     mb_grid: np.ndarray  # int64[M]: microbatch size of each grid index
     mb_index: np.ndarray  # int64[max b + 1]: grid index of a microbatch size, or -1
     batches: np.ndarray  # int64: global batch sizes
@@ -74,6 +76,7 @@ class Hot(NamedTuple):
     cfg_gpu: np.ndarray
     cfg_node: np.ndarray
     cfg_intra_bw: np.ndarray
+    cfg_transfer_fixed: np.ndarray
     k: int
     max_rep: int
     latency_objective: bool
@@ -85,6 +88,7 @@ class Hot(NamedTuple):
     bw: float
     lat: float
     intra_lat: float
+    transfer_fixed_min: float  # the cheapest NCCL call of any config: what the bounds may assume
 
 
 class Selection(NamedTuple):
@@ -158,7 +162,8 @@ def check_problem(p: Problem) -> Problem:
            "stage ranges outside the operator sequence")
     _check(p.mpref.shape == p.pref.shape, "mpref shape")
     _check(p.wpref.shape == (c_n, n1) and p.kvpref.shape == (c_n, n1), "weight/KV prefix shapes")
-    for name in ("cfg_tp", "cfg_price", "cfg_mem", "cfg_ws", "cfg_gpu", "cfg_node", "cfg_intra_bw"):
+    for name in ("cfg_tp", "cfg_price", "cfg_mem", "cfg_ws", "cfg_gpu", "cfg_node", "cfg_intra_bw",
+                 "cfg_stage_fixed", "cfg_transfer_fixed"):
         _check(getattr(p, name).shape == (c_n,), f"{name} has not {c_n} entries")
     _check(p.cfg_ok.shape == (p.k, c_n), "cfg_ok is not [k, C]")
     _check(p.mb_grid.shape == (m_n,), "mb_grid length differs from the latency tables")
@@ -178,6 +183,8 @@ def typed(p: Problem) -> Problem:
         stage_end=np.ascontiguousarray(p.stage_end, np.int64),
         payload=np.ascontiguousarray(p.payload, np.float64), k=int(p.k),
         cfg_ok=np.ascontiguousarray(p.cfg_ok, np.bool_),
+        cfg_stage_fixed=np.ascontiguousarray(p.cfg_stage_fixed, np.float64),
+        cfg_transfer_fixed=np.ascontiguousarray(p.cfg_transfer_fixed, np.float64),
         mb_grid=np.ascontiguousarray(p.mb_grid, np.int64),
         batches=np.ascontiguousarray(p.batches, np.int64),
         max_mu=int(p.max_mu), max_rep=int(p.max_rep), max_gpus=float(p.max_gpus), bw=float(p.bw),

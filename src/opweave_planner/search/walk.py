@@ -82,7 +82,7 @@ def walk(h, ot, pts, sc, B, mu, opt_link):
     """
     k, use_bnb, state = h.k, h.use_bnb, sc.walk_state
     sel, count, r, min_r, counters, best_f = sc.sel, pts.count, pts.r, pts.min_r, sc.counters, sc.best_f
-    factor, slo_cap, gpu_cap = h.prune_factor, h.slo_cap, h.gpu_cap
+    factor, slo_cap, gpu_cap, tx_min = h.prune_factor, h.slo_cap, h.gpu_cap, h.transfer_fixed_min
     if state[1] == 1:
         level = state[0]
     else:
@@ -98,7 +98,7 @@ def walk(h, ot, pts, sc, B, mu, opt_link):
         if use_bnb and incumbent < np.inf:
             # points are sorted by r: once the optimistic cost with this point's r exceeds the
             # incumbent (T bound with this owner still optimistic), every later point does too
-            t_opt, r_opt, _g = lower_bound(ot, pts, sc, level, B, mu, opt_link[0], opt_link[1])
+            t_opt, r_opt, _g = lower_bound(ot, pts, sc, level, B, mu, opt_link[0], opt_link[1] + tx_min)
             if t_opt * (r_opt - min_r[level] + r[level, sel[level]]) > incumbent * factor:
                 counters[C_BOUND] += count[level] - sel[level]
                 sel[level] = count[level]
@@ -108,7 +108,7 @@ def walk(h, ot, pts, sc, B, mu, opt_link):
             _select(pts, sc, k)
             link_bw, link_lat, _intra = plan_link(h, sc.cfg, plan_gpus(h, sc.cfg, sc.rep))
         if use_bnb or depth == k:
-            t_lb, rsum, gpus = lower_bound(ot, pts, sc, depth, B, mu, link_bw, link_lat)
+            t_lb, rsum, gpus = lower_bound(ot, pts, sc, depth, B, mu, link_bw, link_lat + tx_min)
             if depth == k:
                 counters[C_CAND] += 1
             if t_lb > slo_cap or gpus > gpu_cap or t_lb * rsum > incumbent * factor:
@@ -141,8 +141,9 @@ def _search(p, seed_cost, use_pareto, use_bnb):
     pts = new_points(p)
     sc = new_scratch(p, seed_cost)
     h = Hot(p.cfg_ok, p.mb_index, p.cfg_ws, p.cfg_mem, p.cfg_tp, p.cfg_price, p.cfg_gpu, p.cfg_node,
-            p.cfg_intra_bw, p.k, p.max_rep, p.latency_objective, use_bnb, p.prune_factor,
-            p.slo * (1 + EPS), p.max_gpus + NODE_TOL, p.max_nodes, p.bw, p.lat, p.intra_lat)
+            p.cfg_intra_bw, p.cfg_transfer_fixed, p.k, p.max_rep, p.latency_objective, use_bnb, p.prune_factor,
+            p.slo * (1 + EPS), p.max_gpus + NODE_TOL, p.max_nodes, p.bw, p.lat, p.intra_lat,
+            p.cfg_transfer_fixed.min())
     node_max = p.cfg_node.max()
     intra_max = p.cfg_intra_bw.max()
     batches, max_mu, k = p.batches, p.max_mu, p.k
