@@ -269,3 +269,14 @@ def test_cli_hysteresis_json_and_parallel_bytes(base, tmp_path):
     serial = workspace(base, tmp_path / "serial", 2.0)
     regen(serial, tmp_path / "serial" / "plans", hysteresis="5%")
     assert files(tmp_path / "plans") == files(tmp_path / "serial" / "plans")  # --jobs 2: same bytes
+
+
+def test_shipped_workflow_regenerates_with_5_percent_hysteresis():
+    import re
+    import shlex
+
+    text = (Path(__file__).parents[1] / "examples" / "regen-workflow.yml").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("opweave-plan regen ")]
+    args = shlex.split(line.split("|")[0])
+    assert parse_hysteresis(args[args.index("--hysteresis") + 1]) == 5.0
+    assert re.search(r"--matrix examples/matrix\.toml --out plans/", line)
