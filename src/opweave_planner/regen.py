@@ -178,7 +178,7 @@ def run_job(job: RegenJob) -> EntryResult:
         ev = evaluate_plan(prev, where=task.name, **overrides)
     except Exception as exc:  # never worse than a plain regen: the optimum is written
         text = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
-        return EntryResult(optimum, note=f"previous placement not re-evaluated ({' '.join(text.split())})")
+        return EntryResult(optimum, note=f"replaced: previous placement not re-evaluated ({' '.join(text.split())})")
     again = ev.plan
     pct = premium_pct(again.usd_per_million_tokens, plan.usd_per_million_tokens)
     why = ""
