@@ -178,6 +178,17 @@ def test_unreadable_or_infeasible_previous_files_get_the_optimum(base, tmp_path)
     assert f[QWEN_AFD].summary.startswith("feasibility: infeasible (made up) -> feasible")
 
 
+def test_a_previous_plan_that_cannot_be_reevaluated_is_replaced(base, tmp_path):
+    matrix = workspace(base, tmp_path, 2.0)  # at 2.0 the qwen opweave placement would be kept
+    out = tmp_path / "plans"
+    doc = orjson.loads((out / QWEN_OPWEAVE).read_bytes())
+    doc["stages"][0]["operators"][0] = "bogus"
+    (out / QWEN_OPWEAVE).write_bytes(orjson.dumps(doc))
+    f = by_name(regen(matrix, out, hysteresis="5%"))[QWEN_OPWEAVE]
+    assert not f.kept and f.note.startswith("replaced: previous placement not re-evaluated (")
+    assert "operator 'bogus' is not in the model" in f.note
+
+
 # ----------------------------------------------------------------------------- determinism, hysteresis 0
 
 def test_deterministic_and_stable_on_rerun(base, tmp_path):
