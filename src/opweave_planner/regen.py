@@ -29,6 +29,14 @@ Each entry becomes `<out>/<model>_ctx<ctx>_slo<slo>_<gpu+gpu>_<policy>.json` (a 
 infeasibility record). Files are compared byte for byte and rewritten atomically only when
 different. Exit status: 1 when any file was written or removed, 0 when none, 2 on bad input or
 when an entry still failed after its retries (the others are written all the same).
+
+Stable regeneration (`hysteresis` > 0, see docs/regen.md): when the new optimum's placement
+differs from the entry's existing plan, that plan is re-evaluated under the new inputs
+(`contract.evaluate_plan`, same placement); if it still meets its SLO, fits memory, was made
+for the same request and searched space, and costs at most `hysteresis` % more than the new
+optimum, its re-evaluated bytes are written instead (placement kept, prices and cost current).
+The comparison is always against the new optimum of the full search, so a kept plan is never
+more than `hysteresis` % dearer than the best. Hysteresis 0 is exactly the plain regeneration.
 """
 
 from __future__ import annotations
@@ -68,6 +76,130 @@ def run_task(task: RegenTask) -> bytes:
 
     plan, infeasible = api.plan(task.request, jobs=1)
     return plan_bytes(plan if plan is not None else infeasible)
+
+
+# ----------------------------------------------------------------------------- hysteresis
+
+MAX_HYSTERESIS = 100.0
+_PERCENT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)\s*")
+# diff_plans aspects that change what a runtime deploys (the rest is cost, TPOT and inputs)
+TOPOLOGY_ASPECTS = ("placement", "gpus", "batch", "feasibility", "request")
+# PlanRequest settings an existing plan is re-evaluated under (the entry's new inputs)
+_REEVAL_INPUTS = ("prices", "catalog", "profiles", "network_bandwidth", "network_latency", "model")
+
+
+def parse_hysteresis(text: object, field: str = "--hysteresis") -> float:
+    """'5%' -> 5.0 (percent of the new optimum's cost); 0 to 100 %, a bare number other than 0
+    is ambiguous (5 % or 500 %?) and rejected."""
+    expect = f"expected a percentage from 0% to {MAX_HYSTERESIS:g}% such as 5%, got '{text}'"
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = _PERCENT.fullmatch(str(text))
+        if not m:
+            raise UserError(f"{field}: {expect}")
+        value = float(m.group(1))
+        if not m.group(2) and value != 0:
+            raise UserError(f"{field}: '{text}' has no unit; write a percentage such as 5%")
+    if not (0.0 <= value <= MAX_HYSTERESIS):  # also rejects nan
+        raise UserError(f"{field}: {expect}")
+    return value
+
+
+def within_hysteresis(kept_usd: float, optimum_usd: float, hysteresis_pct: float) -> bool:
+    """Keep when the re-evaluated plan costs at most `hysteresis_pct` % more than the optimum
+    (inclusive; compared on the plan files' own rounded figures, so the decision is exact)."""
+    return hysteresis_pct > 0 and kept_usd <= optimum_usd * (1.0 + hysteresis_pct / 100.0)
+
+
+def premium_pct(kept_usd: float, optimum_usd: float) -> float:
+    """How much more the previous placement costs than the new optimum, % of the optimum."""
+    if optimum_usd > 0:
+        return (kept_usd / optimum_usd - 1.0) * 100.0
+    return 0.0 if kept_usd <= 0 else float("inf")
+
+
+def topology_changes(old, new) -> list[str]:
+    """The topology aspects (placement, GPUs, batch, feasibility, request) that differ."""
+    from opweave_planner.contract import diff_plans
+
+    return [c["aspect"] for c in diff_plans(old, new)["changes"] if c["aspect"] in TOPOLOGY_ASPECTS]
+
+
+@dataclass(frozen=True)
+class RegenJob:
+    """What a worker needs for one entry: the task, the file's current bytes, the hysteresis."""
+
+    task: RegenTask
+    previous: bytes | None = None
+    hysteresis: float = 0.0
+
+
+@dataclass(frozen=True)
+class EntryResult:
+    """A worker's answer: the bytes to hold in the file and what was decided.
+
+    `premium_pct` is the previous placement's cost under the new inputs over the new
+    optimum's, minus one, in % (None when it was not priced: no previous plan, same
+    placement, or the previous plan could not be re-evaluated).
+    """
+
+    value: bytes
+    kept: bool = False
+    premium_pct: float | None = None
+    note: str = ""
+
+
+def _cheaper(pct: float) -> str:
+    return f"new optimum {pct:.2f} % cheaper"
+
+
+def run_job(job: RegenJob) -> EntryResult:
+    """Plan one entry, then (hysteresis > 0) keep its existing placement if it still qualifies."""
+    import orjson
+
+    from opweave_planner import api
+    from opweave_planner.contract import evaluate_plan, parse_plan
+    from opweave_planner.plan import Plan, plan_bytes
+
+    task = job.task
+    plan, infeasible = api.plan(task.request, jobs=1)
+    optimum = plan_bytes(plan if plan is not None else infeasible)
+    if job.hysteresis <= 0 or job.previous is None or plan is None:
+        return EntryResult(optimum)
+    try:
+        prev = parse_plan(orjson.loads(job.previous), task.name)
+    except (UserError, orjson.JSONDecodeError):
+        return EntryResult(optimum)
+    if not isinstance(prev, Plan) or not topology_changes(prev, plan):
+        return EntryResult(optimum)
+    overrides = {k: getattr(task.request, k) for k in _REEVAL_INPUTS}
+    try:
+        ev = evaluate_plan(prev, where=task.name, **overrides)
+    except Exception as exc:  # never worse than a plain regen: the optimum is written
+        text = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+        return EntryResult(optimum, note=f"replaced: previous placement not re-evaluated ({' '.join(text.split())})")
+    again = ev.plan
+    pct = premium_pct(again.usd_per_million_tokens, plan.usd_per_million_tokens)
+    why = ""
+    if (prev.model, prev.workload, prev.policy) != (plan.model, plan.workload, plan.policy):
+        why = "the previous plan answers a different request"
+    elif prev.search.space != plan.search.space:
+        why = "the previous plan was searched over a different space"
+    elif again.provenance != plan.provenance:
+        diff = [k for k in type(plan.provenance).model_fields
+                if getattr(again.provenance, k) != getattr(plan.provenance, k)]
+        why = f"the previous plan re-evaluates under different inputs ({', '.join(diff)})"
+    elif not ev.meets_slo:
+        why = f"previous placement misses the SLO ({again.tpot_ms:.4g} ms > {prev.workload.tpot_slo_ms:g} ms)"
+    elif not ev.fits_memory:
+        why = "previous placement no longer fits memory"
+    if why:
+        return EntryResult(optimum, note=f"replaced: {why}")
+    if within_hysteresis(again.usd_per_million_tokens, plan.usd_per_million_tokens, job.hysteresis):
+        return EntryResult(plan_bytes(again), kept=True, premium_pct=pct, note=f"kept: {_cheaper(pct)}")
+    return EntryResult(optimum, premium_pct=pct, note=f"replaced: {_cheaper(pct)} than the previous placement "
+                                                      f"(> {job.hysteresis:g} %)")
 
 
 # ----------------------------------------------------------------------------- matrix
@@ -171,6 +303,10 @@ class FileChange:
     name: str
     status: str  # new | changed | unchanged | removed | failed | stale
     summary: str = ""
+    kind: str = ""  # for a changed file: "topology" (placement, GPUs, batch, feasibility) or "cost"
+    kept: bool = False  # the previous placement was kept (hysteresis)
+    premium_pct: float | None = None  # previous placement's cost over the new optimum's, %
+    note: str = ""  # the hysteresis decision in words
 
 
 @dataclass
@@ -178,6 +314,7 @@ class RegenReport:
     executor: str
     entries: int
     files: list[FileChange]
+    hysteresis: float = 0.0
 
     def count(self, status: str) -> int:
         return sum(f.status == status for f in self.files)
@@ -192,27 +329,66 @@ class RegenReport:
             return 2
         return 1 if self.written else 0
 
+    def changed(self, kind: str) -> list[FileChange]:
+        """Changed files of one kind ("topology" or "cost"), in matrix order."""
+        return [f for f in self.files if f.status == "changed" and f.kind == kind]
+
+    @property
+    def kept(self) -> list[FileChange]:
+        return [f for f in self.files if f.kept]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"executor": self.executor, "entries": self.entries,
+        return {"executor": self.executor, "entries": self.entries, "hysteresis_pct": self.hysteresis,
                 "counts": {s: self.count(s) for s in ("new", "changed", "unchanged", "removed", "stale", "failed")},
-                "files": [{"name": f.name, "status": f.status, "summary": f.summary} for f in self.files],
+                "changes": {"topology": [f.name for f in self.changed("topology")],
+                            "cost_only": [f.name for f in self.changed("cost")]},
+                "kept": [f.name for f in self.kept],
+                "files": [{"name": f.name, "status": f.status, "summary": f.summary, "change": f.kind or None,
+                           "kept": f.kept, "premium_pct": _num(f.premium_pct), "note": f.note}
+                          for f in self.files],
                 "exit_code": self.exit_code}
 
     def lines(self) -> list[str]:
         c = self.to_dict()["counts"]
-        head = (f"regen: {self.entries} entries via {self.executor}: {c['changed']} changed, {c['new']} new, "
+        topo, cost = self.changed("topology"), self.changed("cost")
+        head = (f"regen: {self.entries} entries via {self.executor}: {c['changed']} changed "
+                f"({len(topo)} topology, {len(cost)} cost only), {c['new']} new, "
                 f"{c['unchanged']} unchanged" + (f", {c['removed']} removed" if c["removed"] else "")
                 + (f", {c['stale']} not in the matrix (kept; --prune removes)" if c["stale"] else "")
                 + (f", {c['failed']} FAILED" if c["failed"] else ""))
+        if self.hysteresis > 0:
+            head += f"; hysteresis {self.hysteresis:g} %: {len(self.kept)} placement(s) kept"
         out = [head]
-        for f in self.files:
-            if f.status != "unchanged":
-                out.append(f"  {f.status:<9} {f.name}" + (f": {f.summary}" if f.summary else ""))
+
+        def line(f: FileChange) -> str:
+            words = "; ".join(w for w in (f.note, f.summary) if w)
+            return f"    {f.status:<9} {f.name}" + (f": {words}" if words else "")
+
+        for title, group in (("topology changes (placement, GPUs or batch)", topo),
+                             ("cost-only changes (same placement, new prices or inputs)", cost)):
+            if group:
+                out.append(f"  {title}: {len(group)}")
+                out.extend(line(f) for f in group)
+        quiet = [f for f in self.files if f.kept and f.status == "unchanged"]
+        if quiet:
+            out.append(f"  kept placements, file unchanged: {len(quiet)}")
+            out.extend(line(f) for f in quiet)
+        rest = [f for f in self.files if f.status not in ("unchanged", "changed")]
+        if rest:
+            out.append(f"  other: {len(rest)}")
+            out.extend(line(f) for f in rest)
         return out
 
 
-def _change_summary(old: bytes, new: bytes) -> str:
-    """Words for what changed between two versions of a plan file."""
+def _num(x: float | None) -> float | None:
+    if x is None or x != x or x in (float("inf"), float("-inf")):
+        return None
+    return float(f"{x:.6g}")
+
+
+def _change_summary(old: bytes, new: bytes) -> tuple[str, str]:
+    """Words for what changed between two versions of a plan file, and the kind of change
+    ("topology" when placement, GPUs, batch or feasibility changed, else "cost")."""
     import orjson
 
     from opweave_planner.contract import diff_plans, parse_plan
@@ -220,13 +396,14 @@ def _change_summary(old: bytes, new: bytes) -> str:
     try:
         a, b = parse_plan(orjson.loads(old), "old"), parse_plan(orjson.loads(new), "new")
     except (UserError, orjson.JSONDecodeError):
-        return "previous file was not a readable plan"
+        return "previous file was not a readable plan", "topology"
     d = diff_plans(a, b)
     parts = [c["summary"] for c in d["changes"]]
+    kind = "topology" if any(c["aspect"] in TOPOLOGY_ASPECTS for c in d["changes"]) else "cost"
     if not parts:
         parts = ["same plan; inputs changed: " + (", ".join(d["inputs_changed"]) or "none")]
         parts += d["notes"]
-    return "; ".join(parts)
+    return "; ".join(parts), kind
 
 
 def _is_plan_file(path: Path) -> bool:
@@ -249,7 +426,8 @@ def _entry_line(index: int, total: int, change: FileChange, value: bytes | None)
         return f"[{index}/{total}] {change.name}: FAILED ({change.summary})"
     doc = orjson_loads(value)
     usd = doc.get("usd_per_million_tokens")
-    return entry_line(index, total, change.name.removesuffix(".json"), usd, status=change.status,
+    status = change.status + (f"; {change.note}" if change.note else "")
+    return entry_line(index, total, change.name.removesuffix(".json"), usd, status=status,
                       measured=measured_share(doc.get("stages") or []), tpot_ms=doc.get("tpot_ms"),
                       reason=doc.get("reason"))
 
@@ -261,12 +439,17 @@ def orjson_loads(data: bytes | None) -> dict:
 
 
 def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = None, retries: int = 1,
-          prune: bool = False, log=None) -> RegenReport:
-    """Plan every entry; write changed files as each entry finishes; `log(line)` per entry."""
+          prune: bool = False, log=None, hysteresis: float | str = 0.0) -> RegenReport:
+    """Plan every entry; write changed files as each entry finishes; `log(line)` per entry.
+
+    `hysteresis` (percent, or text such as '5%'): keep an entry's existing placement while it
+    stays feasible and within that share of the new optimum's cost (0: always the optimum).
+    """
     from opweave_planner.atomic import check_writable
     from opweave_planner.executor import make_executor
     from opweave_planner.plan import write_atomic
 
+    hysteresis = parse_hysteresis(hysteresis)
     tasks = load_matrix(matrix)
     executor = make_executor(jobs, ray, retries)
     out = Path(out)
@@ -278,26 +461,37 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
 
     def finished(res) -> None:
         task = tasks[res.index]
+        value = None
         if not res.ok:
             tries = f" after {res.attempts} attempt{'s' if res.attempts > 1 else ''}"
             change = FileChange(task.name, "failed", f"{res.error}{tries}")
         else:
+            result = res.value if isinstance(res.value, EntryResult) else EntryResult(res.value)
+            value = result.value
+            decided = {"kept": result.kept, "premium_pct": result.premium_pct, "note": result.note}
             path = out / task.name
             if path.exists() and not path.is_file():
                 change = FileChange(task.name, "failed", f"'{path}' exists and is not a file")
             else:
                 old = path.read_bytes() if path.is_file() else None
-                if old == res.value:
-                    change = FileChange(task.name, "unchanged")
+                if old == value:
+                    change = FileChange(task.name, "unchanged", **decided)
                 else:
-                    write_atomic(path, res.value, field="--out")
-                    change = FileChange(task.name, "new" if old is None else "changed",
-                                        "" if old is None else _change_summary(old, res.value))
+                    write_atomic(path, value, field="--out")
+                    if old is None:
+                        change = FileChange(task.name, "new", **decided)
+                    else:
+                        summary, kind = _change_summary(old, value)
+                        change = FileChange(task.name, "changed", summary, kind, **decided)
         changes[res.index] = change
         if log:
-            log(_entry_line(len(changes), len(tasks), change, res.value if res.ok else None))
+            log(_entry_line(len(changes), len(tasks), change, value))
 
-    executor.map(run_task, tasks, [t.name for t in tasks], on_result=finished)
+    if hysteresis > 0:
+        jobs_ = [RegenJob(t, _previous(out / t.name), hysteresis) for t in tasks]
+        executor.map(run_job, jobs_, [t.name for t in tasks], on_result=finished)
+    else:  # exactly the plain regeneration
+        executor.map(run_task, tasks, [t.name for t in tasks], on_result=finished)
     files = [changes[i] for i in range(len(tasks))]
     produced = {t.name for t in tasks}
     if out.is_dir():
@@ -308,4 +502,12 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
                     files.append(FileChange(stale.name, "removed", "not in the matrix"))
                 else:
                     files.append(FileChange(stale.name, "stale", "not in the matrix"))
-    return RegenReport(executor.name, len(tasks), files)
+    return RegenReport(executor.name, len(tasks), files, hysteresis)
+
+
+def _previous(path: Path) -> bytes | None:
+    """The bytes an entry's file holds now (None: no file, or not a readable file)."""
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None

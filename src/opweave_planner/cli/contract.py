@@ -117,10 +117,15 @@ def regen_cmd(
                                                 "(needs the [ray] extra; same bytes as local)"),
     retries: int = typer.Option(1, "--retries", help="Retries of a failed or lost entry"),
     prune: bool = typer.Option(False, "--prune", help="Delete plan files in --out that the matrix no longer lists"),
+    hysteresis: str = typer.Option("0%", "--hysteresis",
+                                   help="Keep an entry's existing placement, re-evaluated under the new inputs, "
+                                        "while it meets its SLO, fits memory and costs at most this much more "
+                                        "than the new optimum (e.g. 5%; 0%: always the optimum)"),
     as_json: bool = typer.Option(False, "--json", help="Emit the summary as JSON"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-entry lines on stderr"),
 ) -> None:
-    """Plan every matrix entry; rewrite only files that changed (atomically).
+    """Plan every matrix entry; rewrite only files that changed (atomically). The summary lists
+    topology changes (placement, GPUs, batch) apart from cost-only changes.
 
     Exit 1 when any plan file changed, 0 when none, 2 on bad input or a failed entry.
     """
@@ -131,7 +136,8 @@ def regen_cmd(
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    report = regen(matrix, out, jobs=jobs, ray=ray, retries=retries, prune=prune, log=None if quiet else log)
+    report = regen(matrix, out, jobs=jobs, ray=ray, retries=retries, prune=prune, log=None if quiet else log,
+                   hysteresis=hysteresis)
     if as_json:
         _emit(dumps(report.to_dict()))
     else:

@@ -1,0 +1,219 @@
+"""Sizing for a target load: how many copies of a plan a deployment needs, and what it costs.
+
+A plan serves `global_batch` concurrent requests, each receiving one token per `tpot_ms`, so
+one copy of it (every owner with its `replicas` device groups) delivers
+`global_batch / (tpot_ms / 1000)` output tokens per second. For a target throughput N or a
+target concurrency C the deployment runs
+
+    copies = max(ceil(N / tokens_per_s_per_copy), ceil(C / global_batch))
+
+copies (whichever targets are given), computed exactly on the decimal figures the plan file
+holds (so 2 x a copy's throughput needs 2 copies, not 3 by a rounding error). Owner m then runs
+copies x replicas_m groups of tensor_parallel_m GPUs, and the cost per hour is
+copies x sum_m replicas_m x usd_per_hour_per_replica_m; at full capacity it equals the plan's
+USD per million tokens.
+
+Nodes (GPUs per node from the catalog in effect). A device group never spans nodes, so a node
+of G GPUs holds floor(G / tensor_parallel) groups.
+* stage link intra_node (every owner on one GPU type, the copy inside one node, hand-offs over
+  NVLink/PCIe): owners share nodes, but a copy never spans nodes, so a node holds
+  floor(G / gpus_per_copy) whole copies.
+* stage link inter_node or none: hand-offs (if any) cross the network, so nodes are counted per
+  owner group: owner m needs ceil(copies x replicas_m / floor(G_m / tensor_parallel_m)) nodes, and
+  owners never share a node even when they use the same GPU type.
+
+Pure: plain numbers or a Plan in, a frozen `Deployment` out. Ranked with plan.py (it reads a
+Plan's fields but does not import the module, so plan.py may record a Deployment).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from opweave_planner.errors import UserError
+
+if TYPE_CHECKING:  # a Plan is read by its fields only (plan.py may import this module)
+    from opweave_planner.plan import Plan
+
+TOKENS_FLAG = "--target-tokens-per-s"
+CONCURRENCY_FLAG = "--target-concurrency"
+NODE_RULES = {
+    "intra_node": "whole copies per node: stage hand-offs stay inside a node",
+    "inter_node": "nodes per owner group: stage hand-offs cross the network",
+    "none": "nodes per owner group: one owner",
+}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _f(description: str, **kw):
+    return Field(description=description, **kw)
+
+
+class OwnerDeployment(_Frozen):
+    """One owner of the plan, multiplied out to the deployment."""
+
+    index: int = _f("Owner index in the plan (owners[].index)", ge=0)
+    gpu: str = _f("GPU type id")
+    tensor_parallel: int = _f("GPUs per device group", ge=1)
+    replicas: int = _f("Device groups of this owner in the whole deployment: copies x the plan's replicas", ge=1)
+    gpus: int = _f("GPUs of this owner in the deployment: replicas x tensor_parallel", ge=1)
+    nodes: int | None = _f("Nodes this owner's groups occupy (absent when owners share nodes: stage link "
+                           "intra_node)", default=None, ge=1)
+    usd_per_hour: float = _f("Price of this owner's GPUs, USD per hour", ge=0)
+
+
+class Deployment(_Frozen):
+    """How many copies of a plan a target load needs, with GPUs, nodes and cost per hour."""
+
+    target_tokens_per_s: float | None = _f("Requested output throughput, tokens per second", default=None, gt=0)
+    target_concurrency: int | None = _f("Requested concurrent requests", default=None, ge=1)
+    tokens_per_s_per_copy: float = _f("Output tokens per second of one copy: global_batch / TPOT", gt=0)
+    concurrency_per_copy: int = _f("Concurrent requests of one copy (the plan's global_batch)", ge=1)
+    copies: int = _f("Copies of the whole plan (every owner with its replicas), rounded up", ge=1)
+    tokens_per_s: float = _f("Output throughput of the deployment: copies x tokens_per_s_per_copy", gt=0)
+    concurrency: int = _f("Concurrent requests the deployment holds: copies x global_batch", ge=1)
+    owners: list[OwnerDeployment] = _f("Per owner: replicas, GPUs, nodes and price in the deployment",
+                                       min_length=1)
+    gpus_total: int = _f("GPUs in the deployment: copies x the plan's gpus_total", ge=1)
+    gpus_by_type: dict[str, int] = _f("GPUs per GPU type")
+    nodes_total: int = _f("Nodes in the deployment", ge=1)
+    nodes_by_type: dict[str, int] = _f("Nodes per GPU type")
+    node_rule: str = _f("How nodes were counted: whole copies per node (stage link intra_node) or nodes "
+                        "per owner group")
+    usd_per_hour: float = _f("Cost of the deployment, USD per hour", ge=0)
+
+
+def _round(x: float, digits: int = 9) -> float:
+    """The plan file's rounding: identical inputs print identical bytes."""
+    return float(f"{x:.{digits}g}")
+
+
+def _exact(x: float | int) -> Fraction:
+    """The decimal a file shows for `x` (repr), as an exact fraction."""
+    return Fraction(repr(x)) if isinstance(x, float) else Fraction(x)
+
+
+def _ceil_div(a: Fraction, b: Fraction) -> int:
+    return math.ceil(a / b)
+
+
+def _check_targets(target_tokens_per_s: Any, target_concurrency: Any) -> None:
+    if target_tokens_per_s is None and target_concurrency is None:
+        raise UserError(f"{TOKENS_FLAG} or {CONCURRENCY_FLAG}: give at least one target load")
+    tokens, conc = target_tokens_per_s, target_concurrency
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float))
+                               or not math.isfinite(tokens) or tokens <= 0):
+        raise UserError(f"{TOKENS_FLAG}: expected a positive number of tokens per second, got {tokens!r}")
+    if conc is not None and (isinstance(conc, bool) or not isinstance(conc, int) or conc < 1):
+        raise UserError(f"{CONCURRENCY_FLAG}: expected a positive whole number of requests, got {conc!r}")
+
+
+def copies_needed(global_batch: int, tpot_ms: float, *, target_tokens_per_s: float | None = None,
+                  target_concurrency: int | None = None) -> int:
+    """Copies of a plan that serve every given target (rounded up, at least 1)."""
+    _check_targets(target_tokens_per_s, target_concurrency)
+    if global_batch < 1 or not (math.isfinite(tpot_ms) and tpot_ms > 0):
+        raise UserError(f"plan: global_batch {global_batch} and tpot_ms {tpot_ms} must be positive")
+    need = 1
+    if target_tokens_per_s is not None:
+        per_copy = _exact(global_batch) * 1000 / _exact(tpot_ms)
+        need = max(need, _ceil_div(_exact(target_tokens_per_s), per_copy))
+    if target_concurrency is not None:
+        need = max(need, _ceil_div(Fraction(target_concurrency), Fraction(global_batch)))
+    return need
+
+
+def size(*, global_batch: int, tpot_ms: float, owners: list[tuple[str, int, int, float]], stage_link: str,
+         gpus_per_node: dict[str, int], target_tokens_per_s: float | None = None,
+         target_concurrency: int | None = None) -> Deployment:
+    """Size a deployment from plain numbers.
+
+    `owners`: per owner (gpu id, tensor_parallel, replicas in one copy, USD per hour of one
+    replica); `stage_link`: the plan's metrics.stage_link (intra_node, inter_node or none).
+    """
+    if stage_link not in NODE_RULES:
+        raise UserError(f"plan: stage_link '{stage_link}' is not one of {', '.join(NODE_RULES)}")
+    if not owners:
+        raise UserError("plan: no owners to size")
+    copies = copies_needed(global_batch, tpot_ms, target_tokens_per_s=target_tokens_per_s,
+                           target_concurrency=target_concurrency)
+    for o, (gpu, tp, _replicas, _usd) in enumerate(owners):
+        if gpu not in gpus_per_node:
+            raise UserError(f"gpus per node: no figure for GPU type '{gpu}' (owner {o})")
+        if tp > gpus_per_node[gpu]:
+            raise UserError(f"owner {o}: a TP{tp} group does not fit a {gpu} node of {gpus_per_node[gpu]} GPUs")
+    per_copy_gpus = sum(tp * r for _g, tp, r, _u in owners)
+    out_owners: list[OwnerDeployment] = []
+    gpus_by_type: dict[str, int] = {}
+    nodes_by_type: dict[str, int] = {}
+    shared = stage_link == "intra_node"
+    for o, (gpu, tp, replicas, usd) in enumerate(owners):
+        groups = copies * replicas
+        nodes = None if shared else math.ceil(groups / (gpus_per_node[gpu] // tp))
+        out_owners.append(OwnerDeployment(index=o, gpu=gpu, tensor_parallel=tp, replicas=groups, gpus=groups * tp,
+                                          nodes=nodes, usd_per_hour=_round(groups * usd)))
+        gpus_by_type[gpu] = gpus_by_type.get(gpu, 0) + groups * tp
+        if nodes is not None:
+            nodes_by_type[gpu] = nodes_by_type.get(gpu, 0) + nodes
+    if shared:
+        types = {g for g, *_ in owners}
+        if len(types) != 1:
+            raise UserError(f"plan: stage_link intra_node but owners use {len(types)} GPU types")
+        (gpu,) = types
+        if per_copy_gpus > gpus_per_node[gpu]:
+            raise UserError(f"plan: stage_link intra_node but a copy's {per_copy_gpus} GPUs exceed a {gpu} "
+                            f"node of {gpus_per_node[gpu]}")
+        nodes_by_type[gpu] = math.ceil(copies / (gpus_per_node[gpu] // per_copy_gpus))
+    tokens_per_copy = float(_exact(global_batch) * 1000 / _exact(tpot_ms))
+    return Deployment(
+        target_tokens_per_s=None if target_tokens_per_s is None else float(target_tokens_per_s),
+        target_concurrency=target_concurrency,
+        tokens_per_s_per_copy=_round(tokens_per_copy), concurrency_per_copy=global_batch, copies=copies,
+        tokens_per_s=_round(copies * tokens_per_copy), concurrency=copies * global_batch,
+        owners=out_owners, gpus_total=copies * per_copy_gpus,
+        gpus_by_type=dict(sorted(gpus_by_type.items())), nodes_total=sum(nodes_by_type.values()),
+        nodes_by_type=dict(sorted(nodes_by_type.items())), node_rule=NODE_RULES[stage_link],
+        usd_per_hour=_round(copies * sum(r * usd for _g, _tp, r, usd in owners)),
+    )
+
+
+def size_deployment(plan: Plan, *, target_tokens_per_s: float | None = None,
+                    target_concurrency: int | None = None, gpus_per_node: dict[str, int]) -> Deployment:
+    """Size a deployment of `plan` for a target load (`gpus_per_node`: GPU id -> GPUs per node,
+    from the catalog in effect)."""
+    return size(global_batch=plan.global_batch, tpot_ms=plan.tpot_ms,
+                owners=[(o.gpu, o.tensor_parallel, o.replicas, o.usd_per_hour_per_replica) for o in plan.owners],
+                stage_link=plan.metrics.stage_link, gpus_per_node=gpus_per_node,
+                target_tokens_per_s=target_tokens_per_s, target_concurrency=target_concurrency)
+
+
+def _count(n: float) -> str:
+    return f"{n:,.0f}" if float(n).is_integer() or n >= 100 else f"{n:.4g}"
+
+
+def deployment_lines(dep: Deployment) -> list[str]:
+    """The summary lines of a deployment (no CLI, no colour)."""
+    targets = [f"{_count(dep.target_tokens_per_s)} tokens/s" if dep.target_tokens_per_s is not None else "",
+               f"{dep.target_concurrency:,} concurrent request{'s' if dep.target_concurrency != 1 else ''}"
+               if dep.target_concurrency is not None else ""]
+    want = " and ".join(t for t in targets if t)
+    lines = [f"deployment for {want}: {dep.copies} cop{'y' if dep.copies == 1 else 'ies'} of the plan "
+             f"(each {_count(dep.tokens_per_s_per_copy)} tokens/s, {dep.concurrency_per_copy:,} requests), "
+             f"capacity {_count(dep.tokens_per_s)} tokens/s, {dep.concurrency:,} requests"]
+    for o in dep.owners:
+        where = f", {o.nodes} node{'s' if o.nodes != 1 else ''}" if o.nodes is not None else ""
+        lines.append(f"  owner {o.index}: {o.replicas}x {o.gpu} TP{o.tensor_parallel} = {o.gpus} GPUs{where}, "
+                     f"{o.usd_per_hour:,.2f} USD/h")
+    by_type = ", ".join(f"{g} {n}" for g, n in dep.gpus_by_type.items())
+    nodes = ", ".join(f"{g} {n}" for g, n in dep.nodes_by_type.items())
+    lines.append(f"  {dep.gpus_total} GPUs ({by_type}) on {dep.nodes_total} node{'s' if dep.nodes_total != 1 else ''} "
+                 f"({nodes}; {dep.node_rule})")
+    lines.append(f"  cost: {dep.usd_per_hour:,.2f} USD per hour")
+    return lines
