@@ -16,7 +16,7 @@ RANK = {
     "structure": 1,
     "schedule": 2, "latency": 2, "policies": 2,
     "search": 3,
-    "plan": 4, "theory": 4, "afd": 4, "report": 4,
+    "plan": 4, "theory": 4, "afd": 4, "report": 4, "sizing": 4,
     "contract": 5,
     "api": 6,
     "executor": 7, "compare": 7, "regen": 7, "export": 7,

@@ -176,13 +176,14 @@ def test_regen_hysteresis_on_ray_is_byte_identical_to_local(local_ray, matrix, t
 
     first = tmp_path / "first"
     assert regen(matrix, first).exit_code == 1
-    (tmp_path / "prices.toml").write_text("h100 = 3.49\na100 = 2.5\n")  # moves both qwen optima
+    (tmp_path / "prices.toml").write_text("h100 = 3.49\na100 = 2.0\n")  # moves both qwen optima
     local, remote = tmp_path / "local", tmp_path / "ray"
     shutil.copytree(first, local)
     shutil.copytree(first, remote)
     a = regen(matrix, local, hysteresis="20%")
     b = regen(matrix, remote, ray="auto", hysteresis="20%")
-    assert [f.name for f in a.kept] == [f.name for f in b.kept] == ["qwen3-30b-a3b_ctx8k_slo40ms_h100+a100_afd.json"]
+    assert [f.name for f in a.kept] == [f.name for f in b.kept] == [
+        "qwen3-30b-a3b_ctx8k_slo40ms_h100+a100_afd.json", "qwen3-30b-a3b_ctx8k_slo40ms_h100+a100_opweave.json"]
     assert {n: v for n, (v, _) in snapshot(local).items()} == {n: v for n, (v, _) in snapshot(remote).items()}
 
 

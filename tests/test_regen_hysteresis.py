@@ -46,6 +46,8 @@ PRICES = "h100 = 3.49\na100 = {a100}\n"
 QWEN_OPWEAVE = "qwen3-30b-a3b_ctx8k_slo40ms_h100+a100_opweave.json"
 QWEN_AFD = "qwen3-30b-a3b_ctx8k_slo40ms_h100+a100_afd.json"
 LLAMA_H100 = "llama-3.1-8b_ctx8k_slo30ms_h100_afd.json"
+# with the shipped tables, a100 1.74 -> 2.00 moves both qwen optima by less than 5 %
+KEPT_AT_2 = sorted([QWEN_AFD, QWEN_OPWEAVE])
 LLAMA_MIXED = "llama-3.1-8b_ctx8k_slo30ms_h100+a100_afd.json"
 
 
@@ -108,9 +110,9 @@ def test_keep_within_hysteresis_writes_the_reevaluated_placement(base, tmp_path)
     assert f.note == f"kept: new optimum {pct:.2f} % cheaper"
     assert kept.provenance == best.provenance and kept.search.space == best.search.space
     # every other entry holds exactly its new optimum
-    assert {n: b for n, b in after.items() if n != QWEN_OPWEAVE} == \
-           {n: b for n, b in optimum.items() if n != QWEN_OPWEAVE}
-    assert [x.name for x in report.kept] == [QWEN_OPWEAVE]
+    assert {n: b for n, b in after.items() if n not in KEPT_AT_2} == \
+           {n: b for n, b in optimum.items() if n not in KEPT_AT_2}
+    assert [x.name for x in report.kept] == KEPT_AT_2
 
 
 def test_replace_beyond_hysteresis_writes_the_new_optimum(base, tmp_path):
@@ -201,8 +203,8 @@ def test_deterministic_and_stable_on_rerun(base, tmp_path):
     # a second regen over the kept files writes nothing and still reports the kept placement
     again = regen(tmp_path / "0" / "matrix.toml", tmp_path / "0" / "plans", hysteresis="5%")
     assert again.exit_code == 0 and again.count("unchanged") == 4
-    assert [f.name for f in again.kept] == [QWEN_OPWEAVE] and files(tmp_path / "0" / "plans") == runs[0]
-    assert "  kept placements, file unchanged: 1" in again.lines()
+    assert [f.name for f in again.kept] == KEPT_AT_2 and files(tmp_path / "0" / "plans") == runs[0]
+    assert f"  kept placements, file unchanged: {len(KEPT_AT_2)}" in again.lines()
 
 
 def test_hysteresis_zero_is_plain_regen(base, tmp_path):
@@ -275,7 +277,7 @@ def test_cli_hysteresis_json_and_parallel_bytes(base, tmp_path):
               "--jobs", "2", "--json")
     assert res.returncode == 1, res.stderr
     d = orjson.loads(res.stdout)
-    assert d["kept"] == [QWEN_OPWEAVE] and d["hysteresis_pct"] == 5.0
+    assert d["kept"] == KEPT_AT_2 and d["hysteresis_pct"] == 5.0
     assert "kept: new optimum" in res.stderr  # the per-entry progress line says so
     serial = workspace(base, tmp_path / "serial", 2.0)
     regen(serial, tmp_path / "serial" / "plans", hysteresis="5%")

@@ -124,9 +124,9 @@ def test_inconsistent_inputs_are_one_line_errors(kw, needle):
 
 # ----------------------------------------------------------------------------- real plans
 
-@pytest.mark.parametrize("name, link", [("llama-3.1-8b_colocated_h100_v1.1.json", "none"),
-                                        ("llama-3.1-8b_afd_h100+a100_v1.1.json", "inter_node"),
-                                        ("qwen3-30b-a3b_afd_h100+a100_v1.1.json", "intra_node")])
+@pytest.mark.parametrize("name, link", [("llama-3.1-8b_colocated_h100_v1.2.json", "none"),
+                                        ("llama-3.1-8b_afd_h100+a100_v1.2.json", "inter_node"),
+                                        ("qwen3-30b-a3b_afd_h100+a100_v1.2.json", "intra_node")])
 def test_plan_at_capacity_costs_its_usd_per_million_tokens(name, link):
     plan = read_plan(GOLDEN / name)
     assert plan.metrics.stage_link == link
@@ -142,7 +142,7 @@ def test_plan_at_capacity_costs_its_usd_per_million_tokens(name, link):
 
 
 def test_more_target_never_means_fewer_gpus_nodes_or_dollars():
-    plans = [read_plan(p) for p in sorted(GOLDEN.glob("*_v1.1.json"))]
+    plans = [read_plan(p) for p in sorted(GOLDEN.glob("*_v1.2.json"))]
     plans = [p for p in plans if hasattr(p, "owners")]
     assert len(plans) >= 3
     for plan in plans:
@@ -178,8 +178,10 @@ def test_summary_lines():
     lines = deployment_lines(dep)
     assert lines[0].startswith(f"deployment for 50,000 tokens/s: {dep.copies} copies of the plan")
     assert len(lines) == 2 + len(dep.owners) + 1
-    assert lines[1].startswith(f"  owner 0: {dep.owners[0].replicas}x h100 TP4 = {dep.owners[0].gpus} GPUs, ")
-    assert f"{dep.gpus_total} GPUs (h100 {dep.gpus_total}) on {dep.nodes_total} nodes" in lines[-2]
+    o0 = plan.owners[0]
+    assert lines[1].startswith(f"  owner 0: {dep.owners[0].replicas}x {o0.gpu} TP{o0.tensor_parallel} = "
+                               f"{dep.owners[0].gpus} GPUs, ")
+    assert f"{dep.gpus_total} GPUs (" in lines[-2] and f"on {dep.nodes_total} nodes" in lines[-2]
     assert lines[-1] == f"  cost: {dep.usd_per_hour:,.2f} USD per hour"
     one = deployment_lines(size_deployment(plan, target_concurrency=1, gpus_per_node=NODE8))
     assert "1 copy of the plan" in one[0] and "for 1 concurrent request:" in one[0]

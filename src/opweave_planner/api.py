@@ -161,6 +161,20 @@ def _simplest(outcome, slack: float):
     return min(near, key=lambda c: (c.n_stages, c.cost, c.gpus, c.template_index))
 
 
+def sized(doc, req: PlanRequest, hw: Hardware):
+    """`doc` with its deployment for the request's target load, if it names one."""
+    from opweave_planner.plan import SCHEMA_MAJOR
+    from opweave_planner.search.arrays import node_size
+    from opweave_planner.sizing import size_deployment
+
+    if req.target_tokens_per_s is None and req.target_concurrency is None:
+        return doc
+    dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
+                          target_concurrency=req.target_concurrency,
+                          gpus_per_node={g.id: node_size(g, req) for g in hw.gpus})
+    return doc.model_copy(update={"deployment": dep, "schema_version": f"{SCHEMA_MAJOR}.2"})
+
+
 def plan(req: PlanRequest, jobs: int = 1, progress=None):
     """Run the search; return (Plan, None) or (None, Infeasible).
 
@@ -193,7 +207,7 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
         return doc
 
     chosen = outcome.best if req.prefer_simpler is None else _simplest(outcome, req.prefer_simpler)
-    doc = build(chosen)
+    doc = sized(build(chosen), req, ctx.hw)
     if req.policy != Policy.OPWEAVE:
         return doc, None
     named = {name: build(c) for name, c in outcome.alternatives.items() if c is not None}

@@ -19,6 +19,7 @@ from opweave_planner import __version__
 from opweave_planner.atomic import write_atomic  # noqa: F401  (re-exported for callers)
 from opweave_planner.data import profiles_root
 from opweave_planner.report import dumps
+from opweave_planner.sizing import Deployment
 
 SCHEMA_VERSION = "1.2"
 # Keys added after 1.0, with the MINOR that introduced them: a file is stamped with the lowest
@@ -184,6 +185,9 @@ class Plan(_Frozen):
     metrics: Metrics
     search: SearchStats
     provenance: Provenance
+    deployment: Deployment | None = _f(
+        "Deployment sized for the request's target load (--target-tokens-per-s / --target-concurrency): "
+        "copies, replicas, GPUs, nodes, USD per hour; added in schema 1.2", default=None)
     alternatives: dict[str, Alternative] | None = _f(
         "Cheapest plan of each simpler class that has one: colocated (one stage), two_owner (at most "
         "two device-group types, AFD/CAD-like), single_gpu_type; and optimum when --prefer-simpler "

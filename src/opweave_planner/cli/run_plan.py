@@ -40,6 +40,10 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
         report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req), file=sys.stdout)
     elif result is not None and not quiet:
         report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req))
+    if result is not None and result.deployment is not None and not quiet:
+        from opweave_planner.sizing import deployment_lines
+
+        print("\n".join(deployment_lines(result.deployment)), file=sys.stderr)
     if not quiet:
         print(f"search took {elapsed:.2f} s", file=sys.stderr)
     if infeasible is not None:

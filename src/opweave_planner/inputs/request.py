@@ -99,6 +99,12 @@ class PlanRequest(BaseModel):
     fixed_costs: bool = _setting("Charge each stage a dispatch cost and each hand-off an NCCL call cost "
                                  "(measured per GPU, docs/profiles.md)", flags=("--fixed-costs/--no-fixed-costs",),
                                  default=True, space=True)
+    target_tokens_per_s: float | None = _setting(
+        "Size a deployment for this output throughput, tokens per second (whole copies of the plan, "
+        "rounded up; recorded as the plan's deployment)", gt=0, allow_inf_nan=False)
+    target_concurrency: int | None = _setting(
+        "Size a deployment for this many concurrent requests (whole copies of the plan, rounded up)",
+        ge=1, le=10_000_000)
     prices: str | None = _setting("TOML/JSON file: GPU id -> USD per GPU-hour")
     catalog: str | None = _setting("TOML/JSON file adding or overriding GPU types")
     profiles: str | None = _setting("Latency profile folder (default: shipped)")
