@@ -114,6 +114,10 @@ class ModelSpec(Frozen):
     norms_per_layer: int = 2
     weight_bytes: float = 2.0  # dense GEMM weights
     expert_weight_bytes: float = 2.0  # routed-expert weights
+    # storage formats by name (the kernel tables are chosen by these, never guessed from bytes)
+    act_dtype: str = "bfloat16"
+    weight_dtype: str = "bfloat16"  # dense GEMM weights: bfloat16 | float16 | float32 | fp8_block | mxfp4
+    expert_weight_dtype: str = "bfloat16"
     act_bytes: float = 2.0  # activations on the wire
     kv_bytes: float = 2.0  # KV cache / recurrent state element
     source_sha256: str = ""
@@ -229,6 +233,10 @@ class _Config:
         return present[0] if present else None
 
 
+def _dtype_name(c: _Config) -> str:
+    return c.string("torch_dtype" if c.has("torch_dtype") else "dtype", "bfloat16")
+
+
 def _dtype_bytes(c: _Config) -> float:
     key = "torch_dtype" if c.has("torch_dtype") else "dtype"
     dtype = c.string(key, "bfloat16")
@@ -236,6 +244,13 @@ def _dtype_bytes(c: _Config) -> float:
     if base is None:
         raise c.bad(key, "bfloat16, float16 or float32", dtype)
     return base
+
+
+def _quant(c: _Config, base: float, base_name: str) -> tuple[float, float, str, str]:
+    """(dense GEMM bytes, routed-expert bytes, their format names) from quantization_config."""
+    dense, expert = _quant_bytes(c, base)
+    names = {base: base_name, _DTYPE_BYTES["mxfp4"]: "mxfp4"}
+    return dense, expert, names.get(dense, "fp8_block"), names.get(expert, "fp8_block")
 
 
 def _quant_bytes(c: _Config, base: float) -> tuple[float, float]:
@@ -419,7 +434,7 @@ def parse_hf_config(raw: Any, name: str, where: str, sha: str = "", source: str 
     if n_heads % n_kv:
         raise c.bad("num_key_value_heads", divides, n_kv)
     base = _dtype_bytes(c)
-    dense_b, expert_b = _quant_bytes(c, base)
+    dense_b, expert_b, dense_name, expert_name = _quant(c, base, _dtype_name(c))
     types = _layer_types(c, mt, n_layers)
     attention = _attention_specs(c, mt, hidden, n_heads, n_kv, set(types))
     moe, moe_layers = _mlp_specs(c, mt, n_layers)
@@ -438,6 +453,7 @@ def parse_hf_config(raw: Any, name: str, where: str, sha: str = "", source: str 
         tie_embeddings=c.flag("tie_word_embeddings"), layers=tuple(layers),
         norms_per_layer=4 if mt == "gemma3_text" else 2,
         weight_bytes=dense_b, expert_weight_bytes=expert_b, act_bytes=base, kv_bytes=base,
+        act_dtype=_dtype_name(c), weight_dtype=dense_name, expert_weight_dtype=expert_name,
         source_sha256=sha, max_context=c.integer("max_position_embeddings", 0, lo=0, hi=MAX_CONTEXT),
         source=source,
     )

@@ -178,14 +178,13 @@ def kernel_shapes(seq: OperatorSequence, tp: int) -> tuple[list[tuple[int, int]]
 
 
 def _gemm_dtype(op: Operator) -> str:
-    return "fp8_block" if op.weight_dtype_bytes < 1.5 and op.weight_dtype_bytes > 0.9 else "bfloat16"
+    """The GEMM table of an operator's weight format (no mxfp4 dense tables: bf16 kernels)."""
+    return "fp8_block" if op.weight_dtype == "fp8_block" else "bfloat16"
 
 
 def _moe_dtype(op: Operator) -> str:
-    wb = op.weight_dtype_bytes
-    if wb < 0.9:
-        return "mxfp4"
-    return "fp8_block" if wb < 1.5 else "bfloat16"
+    """The fused-MoE table of the experts' weight format."""
+    return op.weight_dtype if op.weight_dtype in ("fp8_block", "mxfp4") else "bfloat16"
 
 
 def elementwise_bytes(op: Operator, seq: OperatorSequence, tp: int) -> list[float]:
@@ -263,7 +262,8 @@ def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parall
 
 
 def _signature(op: Operator) -> tuple:
-    return (op.kind, op.gemm, op.attention, op.mlp, op.kv_window, op.state_bytes, op.weight_dtype_bytes)
+    return (op.kind, op.gemm, op.attention, op.mlp, op.kv_window, op.state_bytes, op.weight_dtype_bytes,
+            op.weight_dtype)
 
 
 @lru_cache(maxsize=256)

@@ -82,6 +82,7 @@ class Operator:
     attention: AttentionSpec | None = None
     mlp: MlpSpec | None = None
     weight_dtype_bytes: float = 2.0
+    weight_dtype: str = "bfloat16"  # storage format by name (picks the kernel table)
     sharding: str = "tp"  # tp | vocab | experts | replicated
 
     def kv_bytes(self, context: int) -> float:
@@ -189,19 +190,19 @@ def _make_layer_ops(layer: LayerSpec, m: ModelSpec) -> list[Operator]:
         params = gemm_params + extra
         active = float(params)
         flops = 2.0 * gemm_params
-        dtype_b = m.weight_bytes
+        dtype_b, dtype = m.weight_bytes, m.weight_dtype
         ctx_flops = kv_tok = state = 0.0
         window = 0
         sharding = "tp"
         if kind == "router":
-            dtype_b = m.act_bytes
+            dtype_b, dtype = m.act_bytes, m.act_dtype
         if kind in ("moe_up", "moe_down"):
             per_expert = 2 * f.expert_intermediate * m.hidden_size if kind == "moe_up" else (
                 f.expert_intermediate * m.hidden_size)
             params = f.n_experts * per_expert + extra
             active = f.top_k * per_expert + extra * f.top_k / f.n_experts
             flops = 2.0 * f.top_k * per_expert
-            dtype_b = m.expert_weight_bytes
+            dtype_b, dtype = m.expert_weight_bytes, m.expert_weight_dtype
             sharding = "experts"
         if kind in ATTENTION_CORE_KINDS:
             sharding = "tp"
@@ -221,7 +222,7 @@ def _make_layer_ops(layer: LayerSpec, m: ModelSpec) -> list[Operator]:
             params=int(params), active_params=active, weight_bytes=params * dtype_b, flops=flops,
             ctx_flops=ctx_flops, kv_bytes_per_token=kv_tok, kv_window=window, state_bytes=state,
             out_bytes=float(out_bytes), gemm=tuple(gemms), attention=a, mlp=f,
-            weight_dtype_bytes=dtype_b, sharding=sharding,
+            weight_dtype_bytes=dtype_b, weight_dtype=dtype, sharding=sharding,
         ))
     return out
 
@@ -261,14 +262,14 @@ def build_sequence(model: ModelSpec) -> OperatorSequence:
     embed = Operator(
         name="embed", kind=OpKind.EMBED, layer=EMBED_LAYER, slot=0, params=embed_params,
         active_params=float(embed_params), weight_bytes=embed_params * ab, flops=0.0,
-        out_bytes=h * ab, weight_dtype_bytes=ab, sharding="vocab",
+        out_bytes=h * ab, weight_dtype_bytes=ab, weight_dtype=model.act_dtype, sharding="vocab",
     )
     head_params = 0 if model.tie_embeddings else embed_params
     lm_head = Operator(
         name="lm_head", kind=OpKind.LM_HEAD, layer=model.n_layers, slot=0, params=head_params + h,
         active_params=float(head_params + h), weight_bytes=(embed_params + h) * ab,
         flops=2.0 * embed_params, out_bytes=4.0, gemm=((model.vocab_size, h),),
-        weight_dtype_bytes=ab, sharding="vocab",
+        weight_dtype_bytes=ab, weight_dtype=model.act_dtype, sharding="vocab",
     )
     graph = nx.DiGraph()
     nodes: list[Operator] = [embed]
