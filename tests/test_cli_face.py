@@ -1,0 +1,46 @@
+"""What a user sees (issue 17): version, -h, summaries and progress off a terminal, --format table,
+help texts that keep their bracketed words."""
+
+from __future__ import annotations
+
+import json
+
+from cli_helpers import cli
+
+from opweave_planner import __version__
+
+TINY = ("--model", "llama-3.1-8b", "--slo", "60ms", "--ctx", "8k", "--gpus", "h100", "--batches", "8,16",
+        "--max-owners", "2")
+
+
+def test_version_and_short_help():
+    res = cli("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"opweave-planner {__version__}"
+    short = cli("-h")
+    assert short.returncode == 0 and "--model" in short.stdout and "Usage" in short.stdout
+
+
+def test_summary_and_progress_reach_a_log_that_is_not_a_terminal():
+    res = cli(*TINY)  # stderr is a pipe here, as in `2> log`
+    assert res.returncode == 0, res.stderr
+    json.loads(res.stdout)  # the plan on stdout
+    assert "templates:" in res.stderr and "done in" in res.stderr  # plain progress lines
+    assert "USD/M tokens" in res.stderr and "measured share of the plan's latency" in res.stderr
+    assert "simpler alternatives" in res.stderr and "colocated:" in res.stderr
+
+
+def test_quiet_prints_nothing_on_stderr():
+    res = cli(*TINY, "--quiet")
+    assert res.returncode == 0 and res.stderr == ""
+
+
+def test_format_table_writes_the_summary_not_the_json():
+    res = cli(*TINY, "--format", "table", "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert not res.stdout.lstrip().startswith("{") and "USD/M tokens" in res.stdout
+    assert len(res.stdout.splitlines()) < 40  # a summary, not the 1,500-line plan
+
+
+def test_regen_help_keeps_the_ray_extra_in_its_text():
+    res = cli("regen", "--help")
+    assert res.returncode == 0 and "[ray]" in res.stdout
