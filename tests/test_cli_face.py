@@ -25,7 +25,8 @@ def test_summary_and_progress_reach_a_log_that_is_not_a_terminal():
     assert res.returncode == 0, res.stderr
     json.loads(res.stdout)  # the plan on stdout
     assert "templates:" in res.stderr and "done in" in res.stderr  # plain progress lines
-    assert "USD/M tokens" in res.stderr and "measured share of the plan's latency" in res.stderr
+    text = " ".join(res.stderr.split())
+    assert "USD/M tokens" in text and "measured share of the plan's latency" in text
     assert "simpler alternatives" in res.stderr and "colocated:" in res.stderr
 
 
@@ -44,3 +45,14 @@ def test_format_table_writes_the_summary_not_the_json():
 def test_regen_help_keeps_the_ray_extra_in_its_text():
     res = cli("regen", "--help")
     assert res.returncode == 0 and "[ray]" in res.stdout
+
+
+def test_unmeasured_tables_and_estimated_prices_are_warned_about():
+    res = cli("--model", "llama-3.1-8b", "--slo", "60ms", "--ctx", "8k", "--gpus", "b200", "--batches", "8,16",
+              "--max-owners", "1")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stderr.split())  # a COLUMNS setting may wrap the line
+    assert "b200: no measured kernel tables" in text and "b200: price is an estimate" in text
+    measured = cli("--model", "llama-3.1-8b", "--slo", "60ms", "--ctx", "8k", "--gpus", "h100", "--batches", "8,16",
+                   "--max-owners", "1")
+    assert "warning:" not in measured.stderr

@@ -241,7 +241,7 @@ def provenance(hw, seq, gpus, profiles_dir: str | None, backend: str) -> Provena
     """Provenance scoped to the searched GPU types (a price edit of another type changes nothing)."""
     ids = sorted(set(gpus))
     types = {g.id: g for g in hw.gpus}
-    specs = {gid: types[gid].model_dump(exclude={"price_per_hour"}) for gid in ids}
+    specs = {gid: types[gid].model_dump(exclude={"price_per_hour", "price_estimated"}) for gid in ids}
     prices = {gid: types[gid].price_per_hour for gid in ids}
     net = hw.network.model_dump()
     return Provenance(

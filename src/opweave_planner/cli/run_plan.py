@@ -6,6 +6,14 @@ import sys
 import time
 
 
+def _estimated(req) -> list[str]:
+    """Chosen GPU types whose catalog price is an estimate (the summary warns)."""
+    from opweave_planner.inputs.hardware import load_hardware
+
+    hw = load_hardware(req.catalog, req.prices)
+    return [g for g in req.gpus if hw.resolve(g).price_estimated]
+
+
 def _unmeasured(req) -> list[str]:
     """Chosen GPU types with no measured latency tables (their figures are all fitted)."""
     from opweave_planner.data import profiles_root
@@ -37,9 +45,10 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
     if result is not None and fmt == "table":
-        report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req), file=sys.stdout)
+        report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req), estimated_price_gpus=_estimated(req),
+                                   file=sys.stdout)
     elif result is not None and not quiet:
-        report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req))
+        report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req), estimated_price_gpus=_estimated(req))
     if result is not None and result.deployment is not None and not quiet:
         from opweave_planner.sizing import deployment_lines
 

@@ -90,6 +90,7 @@ class GpuType(_Frozen):
     bf16_tflops: float = Field(gt=0)
     fp8_tflops: float = Field(gt=0)
     price_per_hour: float = Field(ge=0)
+    price_estimated: bool = False  # the catalog's price is our estimate, not a market quote
     gpus_per_node: int = Field(ge=1)
     intra_node_gbps: float = Field(gt=0)
     int8_tflops: float | None = Field(default=None, gt=0)
@@ -257,7 +258,7 @@ def _merge(shipped: dict[str, dict], user: dict[str, dict], root: Path,
             entry.update(facts_from_system(spec))
         if gid in user:
             entry.update(user[gid])
-            if set(user[gid]) - {"name", "aliases", "price_per_hour"}:
+            if set(user[gid]) - {"name", "aliases", "price_per_hour", "price_estimated"}:
                 entry["facts"] = f"{entry.get('facts', 'catalog')} + --catalog"
         out[gid] = _gpu_from(gid, entry, where.get(gid, "catalog"))
     return out
@@ -303,7 +304,7 @@ def load_hardware(catalog: str | None = None, prices: str | None = None,
     if prices:
         aliases = {a: g.id for g in gpus.values() for a in (g.id, *g.aliases)}
         for gid, price in parse_prices(read_table_file(prices, "--prices"), list(gpus), aliases, prices).items():
-            gpus[gid] = gpus[gid].model_copy(update={"price_per_hour": price})
+            gpus[gid] = gpus[gid].model_copy(update={"price_per_hour": price, "price_estimated": False})
         digest.update(Path(prices).read_bytes())
     try:
         network = Network(**net)
