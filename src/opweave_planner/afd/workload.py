@@ -219,6 +219,9 @@ def load_trace(path: str | Path) -> TraceWorkload:
     prompt length >= 0 and a decode length >= 1; the first bad row is reported by its line
     number in the file (the header is line 1).
     """
+    from opweave_planner.atomic import check_input_file
+
+    check_input_file(path, "--trace")  # a folder or FIFO: one line, and a FIFO is never opened
     trace = read_trace(path)
     w = TraceWorkload(trace.prompt, trace.output, name=str(Path(path)))
     w.format = trace.format
