@@ -13,6 +13,7 @@ import builtins
 import copy
 import errno
 import io
+import json
 import os
 import time
 from pathlib import Path
@@ -81,7 +82,7 @@ def _tampered(tmp_path: Path, change) -> Path:
     doc = orjson.loads(AFD_PLAN.read_bytes())
     change(doc)
     path = tmp_path / "tampered.json"
-    path.write_bytes(orjson.dumps(doc))
+    path.write_text(json.dumps(doc))  # json: ints beyond 64 bits too
     return path
 
 
