@@ -4,8 +4,8 @@ Hypothesis profiles (``--hypothesis-profile=NAME``):
 
 * ``ci`` (default): the bounded budget the fuzz suite runs with in CI (tests/test_fuzz_cli.py
   stays under about 90 s on a 2-core machine); no deadline, since a first call compiles.
-* ``long``: 15x that budget, for a deliberate hunt, e.g.
-  ``python -m pytest tests/test_fuzz_cli.py --hypothesis-profile=long`` (about 20 minutes).
+* ``long``: 10x that budget, for a deliberate hunt, e.g.
+  ``python -m pytest tests/test_fuzz_cli.py --hypothesis-profile=long`` (about 15 minutes).
 * ``dev``: a handful of examples per test, for editing the fuzz suite itself.
 
 Tests that fix their own ``max_examples`` keep it under every profile; the fuzz tests take
@@ -27,7 +27,7 @@ try:
 except ImportError:  # pragma: no cover - hypothesis is a test extra
     settings = None
 
-PROFILES = {"ci": 100, "long": 1500, "dev": 8}  # reference example budgets (see budget())
+PROFILES = {"ci": 200, "long": 2000, "dev": 16}  # reference example budgets (see budget())
 
 if settings is not None:
     _common = dict(deadline=None, print_blob=True,
