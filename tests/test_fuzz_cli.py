@@ -11,6 +11,7 @@ go through the real entry point in a subprocess. Budgets scale with the hypothes
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -51,7 +52,9 @@ def check(ran, out_dir: Path | None = None, allowed=ALLOWED) -> None:
 
 
 def pick(values):
-    return st.sampled_from(values)
+    """One of `values`, deep-copied: a drawn list or dict must never be shared (a tampering
+    that nests a shared value into itself would make a cyclic document)."""
+    return st.sampled_from(values).map(copy.deepcopy)
 
 
 def mostly_valid(values, valid: int):
