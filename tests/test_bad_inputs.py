@@ -334,8 +334,6 @@ TAMPERINGS = {
     "huge global_batch": _set("global_batch", 10**30),
     "overflowing float": _set("tpot_ms", "1e400"),
     "tp outside the space": _set("search", "space", "tensor_parallel_sizes", [3]),
-    "gpu outside the space": _set("search", "space", "gpus", ["l40s"]),
-    "batch outside the space": _set("search", "space", "batches", [7]),
     "over the GPU budget": _set("search", "space", "max_gpus", 1),
     "expert_parallel odd": lambda d: d["owners"][0].update(expert_parallel=3),
     "stage_link none": _set("metrics", "stage_link", "none"),
