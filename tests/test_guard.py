@@ -314,3 +314,14 @@ def test_nested_deferred_sections_keep_a_pending_signal():
         with procs.deferred_interrupts():  # e.g. regen in-process calling the search
             pass
         pytest.fail("the inner section must raise the pending Ctrl-C on leaving")
+
+
+def test_readme_exit_code_table_matches_the_code():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].isdigit():
+            rows[int(cells[0])] = cells[1]
+    assert rows == errors.EXIT_CODES

@@ -1,4 +1,8 @@
-"""Atomic file output: every file the tool writes appears whole or not at all.
+"""Atomic file output, and input paths checked for what they must be.
+
+Every file the tool writes appears whole or not at all; every file or folder it reads is
+checked first (exists, is a regular file / a folder, readable), so a bad path is one line
+naming the flag and the path, never a traceback.
 
 Files get the permissions a plain ``open(path, "w")`` would give them (0666 minus the
 umask, or the mode of the file being replaced), a symlink is followed so its target
@@ -97,6 +101,69 @@ def check_writable(path: str | os.PathLike, field: str = "--out") -> Path:
     os.close(fd)
     probe.unlink(missing_ok=True)
     return target
+
+
+def _stat_input(path: str | os.PathLike, where: str) -> os.stat_result:
+    text = os.fspath(path)
+    if not text:
+        raise UserError(f"{where}: empty path")
+    if "\0" in text:
+        raise UserError(f"{where} contains a NUL byte")
+    try:
+        return os.stat(text)
+    except FileNotFoundError:
+        raise UserError(f"{where} does not exist") from None
+    except NotADirectoryError:
+        raise UserError(f"{where}: a part of the path is a file, not a folder") from None
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise UserError(f"{where}: name too long (the limit is {NAME_MAX} bytes per "
+                            f"path component)") from None
+        raise UserError(f"{where}: {exc.strerror or exc}") from None
+
+
+def _input_where(path: str | os.PathLike, field: str | None) -> str:
+    return f"{_prefix(field)}'{os.fspath(path)}'"
+
+
+def check_input_file(path: str | os.PathLike, field: str | None = None) -> Path:
+    """``path`` names an existing, readable regular file (not a folder, FIFO or device)."""
+    where = _input_where(path, field)
+    st = _stat_input(path, where)
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{where} is not a regular file (it is a folder)")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{where} is not a regular file")
+    if not os.access(path, os.R_OK):
+        raise UserError(f"{where} is not readable (permission denied)")
+    return Path(path)
+
+
+def read_input(path: str | os.PathLike, field: str | None = None) -> bytes:
+    """The bytes of an input file, or a one-line `UserError` naming ``field`` and the path:
+    missing, not a regular file (a folder, a FIFO: reading one would block), unreadable."""
+    where = _input_where(path, field)
+    check_input_file(path, field)
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except IsADirectoryError:
+        raise UserError(f"{where} is not a regular file (it is a folder)") from None
+    except OSError as exc:
+        if isinstance(exc, PermissionError):
+            raise UserError(f"{where} is not readable (permission denied)") from None
+        raise UserError(f"{where} cannot be read ({exc.strerror or exc})") from None
+
+
+def check_input_folder(path: str | os.PathLike, field: str | None = None) -> Path:
+    """``path`` names an existing, readable folder."""
+    where = _input_where(path, field)
+    st = _stat_input(path, where)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{where} is not a folder")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise UserError(f"{where} is not readable (permission denied)")
+    return Path(path)
 
 
 def _temp_name(name: str) -> str:

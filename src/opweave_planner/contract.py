@@ -101,15 +101,41 @@ def parse_plan(obj: Any, where: str) -> Plan | Infeasible:
         raise UserError(f"{where}: malformed plan: {_first_error(exc)}") from None
     if isinstance(doc, Plan):
         check_internal(doc, where)
+    check_recorded_request(doc, where)
     return doc
 
 
-def read_plan(path: str | Path) -> Plan | Infeasible:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{path}: plan file does not exist")
+# where each request setting lives in a plan file (for errors about a recorded value)
+_RECORDED_AT = {"--slo": "workload.tpot_slo_ms", "--ctx": "workload.context_tokens", "--policy": "policy",
+                "--network-bandwidth": "provenance.network.inter_node_gbps",
+                "--network-latency": "provenance.network.inter_node_latency_us",
+                "--backend": "provenance.backend", "--model": "model"}
+
+
+def check_recorded_request(doc: Plan | Infeasible, where: str) -> None:
+    """The request a plan records must itself be valid (simulate and regen rebuild it)."""
+    from opweave_planner.inputs.request import flag_of, space_fields
+
     try:
-        obj = orjson.loads(p.read_bytes())
+        recorded_request(doc)
+    except UserError as exc:
+        text = str(exc)
+        at = {**_RECORDED_AT, **{flag_of(n): f"search.space.{n}" for n in space_fields()}}
+        flag, sep, rest = text.partition(": ")
+        loc = at.get(flag)
+        raise UserError(f"{where}: inconsistent plan: {loc}: {rest}" if sep and loc
+                        else f"{where}: inconsistent plan: {text}") from None
+
+
+def read_plan(path: str | Path) -> Plan | Infeasible:
+    from opweave_planner.atomic import read_input
+
+    try:
+        data = read_input(path)
+    except UserError as exc:
+        raise UserError(f"plan file {exc}") from None
+    try:
+        obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise UserError(f"{path}: malformed plan: not valid JSON ({exc})") from None
     return parse_plan(obj, str(path))
@@ -154,6 +180,60 @@ def check_internal(plan: Plan, where: str) -> None:
         raise bad(f"gpus_total is {plan.gpus_total} but the owners hold {gpus} GPUs")
     if len(plan.action_order) != k:
         raise bad(f"action_order has {len(plan.action_order)} lists for {k} owners")
+    _check_figures(plan, bad)
+    _check_space(plan, bad)
+    n_stages, mu = len(plan.stages), plan.microbatches
+    for o, entries in enumerate(plan.action_order):
+        for e in entries:  # the pattern is checked by the model: '<kind> <stage> <microbatch>'
+            kind, j, mb = e.split()
+            j, mb = int(j), int(mb)
+            if j >= n_stages or mb >= mu:
+                raise bad(f"action_order[{o}] entry '{e}': stage {j} or microbatch {mb} does not exist "
+                          f"({n_stages} stages, {mu} microbatches)")
+            here, after = plan.stages[j].owner, plan.stages[(j + 1) % n_stages].owner
+            mine = {"compute": here == o, "send": here == o != after, "recv": after == o != here}[kind]
+            if not mine:
+                raise bad(f"action_order[{o}] entry '{e}' is not an action of owner {o}")
+
+
+def _check_figures(plan: Plan, bad) -> None:
+    """Prices, network and per-stage hand-offs: the numbers simulate re-evaluates with."""
+    from opweave_planner.inputs.hardware import Network
+
+    net = plan.provenance.network
+    unknown = sorted(set(net) - set(Network.model_fields))
+    if unknown:
+        raise bad(f"provenance.network has unknown key '{unknown[0]}'; expected "
+                  f"{', '.join(Network.model_fields)}")
+    if "inter_node_gbps" in net and not net["inter_node_gbps"] > 0:
+        raise bad(f"provenance.network.inter_node_gbps is {net['inter_node_gbps']:g}; a bandwidth must be > 0")
+    prices = plan.provenance.prices_usd_per_gpu_hour
+    for o in plan.owners:
+        if o.gpu not in prices:
+            raise bad(f"owners[{o.index}].gpu '{o.gpu}' has no price in provenance.prices_usd_per_gpu_hour")
+        want = prices[o.gpu] * o.tensor_parallel
+        if abs(o.usd_per_hour_per_replica - want) > 1e-6 * max(1.0, want):
+            raise bad(f"owners[{o.index}].usd_per_hour_per_replica {o.usd_per_hour_per_replica:g} is not "
+                      f"tensor_parallel x the recorded price of {o.gpu} ({want:g})")
+        if o.expert_parallel not in (1, o.tensor_parallel):
+            raise bad(f"owners[{o.index}].expert_parallel {o.expert_parallel} is neither 1 nor "
+                      f"tensor_parallel {o.tensor_parallel}")
+    s = len(plan.stages)
+    for j, st in enumerate(plan.stages):
+        local = plan.stages[(j + 1) % s].owner == st.owner
+        if local and (st.transfer_ms or st.payload_bytes_per_request):
+            raise bad(f"stages[{j}] hands off to its own owner but records a transfer")
+    allowed = ("none",) if len(plan.owners) == 1 else ("intra_node", "inter_node")
+    if plan.metrics.stage_link not in allowed:
+        raise bad(f"metrics.stage_link '{plan.metrics.stage_link}' is not "
+                  f"{'none (one owner)' if len(plan.owners) == 1 else 'intra_node or inter_node'}")
+
+
+def _check_space(plan: Plan, bad) -> None:
+    """Shape of the template record (the searched space itself is checked by rebuilding the
+    recorded request; a hand-edited plan may leave that space, e.g. more replicas)."""
+    if len(plan.template.cut_operators) != len(plan.template.cut_positions):
+        raise bad("template.cut_operators and template.cut_positions differ in length")
 
 
 def check_against_model(plan: Plan, seq, where: str):
@@ -332,7 +412,14 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evalu
     from opweave_planner.structure.operators import build_sequence
 
     req = recorded_request(plan, **overrides)
-    seq = build_sequence(load_model(req.model))
+    try:
+        spec = load_model(req.model)
+    except UserError as exc:
+        if overrides.get("model") is not None:
+            raise
+        raise UserError(f"{where}: the plan's model '{plan.model}' cannot be loaded ({exc}); "
+                        f"pass --model") from None
+    seq = build_sequence(spec)
     tmpl = check_against_model(plan, seq, where)
     hw = _hardware(plan, req)
     # the configuration arrays of exactly the plan's owners

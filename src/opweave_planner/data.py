@@ -20,6 +20,23 @@ def shipped_dir(name: str) -> Path:
     raise FileNotFoundError(f"shipped data folder '{name}' not found next to {pkg}")
 
 
+def check_profiles_dir(profiles_dir: str | Path, field: str = "--profiles") -> Path:
+    """A user's profile folder: it must exist, be a folder and hold at least one GPU's tables
+    (``<gpu>/system.json``); otherwise every latency would silently come from the roofline."""
+    from opweave_planner.atomic import check_input_folder
+    from opweave_planner.errors import UserError
+
+    root = check_input_folder(profiles_dir, field)
+    try:
+        found = any(p.is_file() for p in root.glob("*/system.json"))
+    except OSError as exc:
+        raise UserError(f"{field}: '{profiles_dir}' cannot be read ({exc.strerror or exc})") from None
+    if not found:
+        raise UserError(f"{field}: '{profiles_dir}' holds no latency profiles (expected "
+                        f"<gpu>/system.json and <gpu>/<backend>/*.json, as in the shipped profiles/)")
+    return root
+
+
 def profiles_root(profiles_dir: str | Path | None) -> Path:
-    """The profile folder in effect: the user's --profiles, else the shipped one."""
-    return Path(profiles_dir) if profiles_dir else shipped_dir("profiles")
+    """The profile folder in effect: the user's --profiles (checked), else the shipped one."""
+    return check_profiles_dir(profiles_dir) if profiles_dir else shipped_dir("profiles")

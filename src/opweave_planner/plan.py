@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 from enum import IntEnum
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from opweave_planner import __version__
 from opweave_planner.atomic import write_atomic  # noqa: F401  (re-exported for callers)
@@ -31,7 +32,17 @@ _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # floats must be finite everywhere (JSON has no NaN/inf; a writer must not emit null)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# strict field types: `true` is not 1 and "3" is not 3 in a plan file
+PolicyName = Literal["opweave", "colocated", "afd", "cad"]  # = inputs.request.Policy values
+_ACTION_PATTERN = r"^(compute|send|recv) (0|[1-9][0-9]*) (0|[1-9][0-9]*)$"
+ActionEntry = Annotated[str, Field(pattern=_ACTION_PATTERN)]
+Count = Annotated[StrictInt, Field(ge=0)]
+FinitePrice = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+NetworkFigure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 def _f(description: str, **kw):
@@ -41,22 +52,22 @@ def _f(description: str, **kw):
 class Workload(_Frozen):
     """The request the plan serves."""
 
-    context_tokens: int = _f("Context length per request, tokens (KV/state is sized for it)", ge=1)
+    context_tokens: StrictInt = _f("Context length per request, tokens (KV/state is sized for it)", ge=1)
     tpot_slo_ms: float = _f("Time-per-output-token SLO, milliseconds", gt=0)
 
 
 class OwnerOut(_Frozen):
     """A device group type: `replicas` identical groups of `tensor_parallel` GPUs of type `gpu`."""
 
-    index: int = _f("Owner index; stages[].owner refers to it", ge=0)
+    index: StrictInt = _f("Owner index; stages[].owner refers to it", ge=0)
     gpu: str = _f("GPU type id (catalog id, e.g. h100)")
-    tensor_parallel: int = _f("GPUs per device group (tensor-parallel degree), all in one node", ge=1)
-    expert_parallel: int = _f("Routed experts split across this many GPUs of the group (1: replicated "
+    tensor_parallel: StrictInt = _f("GPUs per device group (tensor-parallel degree), all in one node", ge=1)
+    expert_parallel: StrictInt = _f("Routed experts split across this many GPUs of the group (1: replicated "
                               "per TP shard rules)", ge=1)
-    replicas: int = _f("Number of identical device groups; each serves resident_batch requests", ge=1)
-    resident_batch: int = _f("Requests resident on one replica (= microbatches x microbatch)", ge=1)
-    microbatch: int = _f("Requests per microbatch on one replica", ge=1)
-    stage_positions: list[int] = _f("Indices of the stages this owner runs, ascending")
+    replicas: StrictInt = _f("Number of identical device groups; each serves resident_batch requests", ge=1)
+    resident_batch: StrictInt = _f("Requests resident on one replica (= microbatches x microbatch)", ge=1)
+    microbatch: StrictInt = _f("Requests per microbatch on one replica", ge=1)
+    stage_positions: list[Count] = _f("Indices of the stages this owner runs, ascending")
     usd_per_hour_per_replica: float = _f("Price of one replica: tensor_parallel x GPU price, USD per hour", ge=0)
     busy_fraction: float = _f("Fraction of the round trip the group computes (0..1)", ge=0, le=1)
     memory_bytes_per_gpu: float = _f("Bytes per GPU: weight shard + KV/state of resident_batch requests "
@@ -66,8 +77,8 @@ class OwnerOut(_Frozen):
 class StageOut(_Frozen):
     """A contiguous (cyclic) operator range run by one owner."""
 
-    index: int = _f("Stage position in the decode loop; stage 0 holds the embedding", ge=0)
-    owner: int = _f("Owner running this stage", ge=0)
+    index: StrictInt = _f("Stage position in the decode loop; stage 0 holds the embedding", ge=0)
+    owner: StrictInt = _f("Owner running this stage", ge=0)
     operators: list[str] = _f("Operator names in execution order (model operator sequence slice)",
                               min_length=1)
     latency_ms: float = _f("Compute time of the stage for one microbatch, milliseconds", ge=0)
@@ -83,10 +94,10 @@ class StageOut(_Frozen):
 class TemplateOut(_Frozen):
     """The cyclic sub-block template the stages were expanded from."""
 
-    subblock_layers: int = _f("Layers per repeated sub-block", ge=1)
-    cut_positions: list[int] = _f("Cut operator indices inside the sub-block (sorted)")
+    subblock_layers: StrictInt = _f("Layers per repeated sub-block", ge=1)
+    cut_positions: list[Count] = _f("Cut operator indices inside the sub-block (sorted)")
     cut_operators: list[str] = _f("The cuts as 'layer+<offset>.<slot>'")
-    owners: int = _f("Number of owners (K)", ge=1)
+    owners: StrictInt = _f("Number of owners (K)", ge=1)
 
 
 class Metrics(_Frozen):
@@ -102,42 +113,42 @@ class SpaceOut(_Frozen):
     """The search space the plan was chosen from (what `regen` and `simulate` rebuild)."""
 
     gpus: list[str] = _f("GPU types searched")
-    tensor_parallel_sizes: list[int] = _f("TP degrees searched")
-    batches: list[int] = _f("Global resident batch sizes searched")
-    max_owners: int = _f("Most owners per template", ge=1)
-    max_microbatches: int = _f("Most microbatches in flight", ge=1)
-    max_replicas: int = _f("Most replicas per owner", ge=1)
-    max_gpus: int = _f("GPU budget of a plan", ge=1)
-    max_stages: int | None = _f("Most pipeline stages a plan may have (absent: no limit); added in "
+    tensor_parallel_sizes: list[StrictInt] = _f("TP degrees searched")
+    batches: list[StrictInt] = _f("Global resident batch sizes searched")
+    max_owners: StrictInt = _f("Most owners per template", ge=1)
+    max_microbatches: StrictInt = _f("Most microbatches in flight", ge=1)
+    max_replicas: StrictInt = _f("Most replicas per owner", ge=1)
+    max_gpus: StrictInt = _f("GPU budget of a plan", ge=1)
+    max_stages: StrictInt | None = _f("Most pipeline stages a plan may have (absent: no limit); added in "
                                 "schema 1.2", default=None, ge=1)
-    max_nodes: int | None = _f("Most nodes a plan may occupy (absent: no limit); added in schema 1.2",
+    max_nodes: StrictInt | None = _f("Most nodes a plan may occupy (absent: no limit); added in schema 1.2",
                                default=None, ge=1)
-    gpus_per_node: int | None = _f("GPUs per node of the deployment (absent: each GPU type's catalog "
+    gpus_per_node: StrictInt | None = _f("GPUs per node of the deployment (absent: each GPU type's catalog "
                                    "figure); added in schema 1.2", default=None, ge=1)
     memory_headroom: float | None = _f("Share of usable GPU memory kept free (absent: 0); added in "
                                        "schema 1.2", default=None, ge=0, lt=1)
     prefer_simpler: float | None = _f("The plan is the simplest (fewest stages, then cheapest, then "
                                       "fewest GPUs) within this share of the optimum, which is listed "
                                       "under alternatives.optimum; added in schema 1.2", default=None, ge=0)
-    moe_expert_parallel: bool = _f("Expert-parallel variants searched for MoE owners")
+    moe_expert_parallel: StrictBool = _f("Expert-parallel variants searched for MoE owners")
     gpu_memory_utilization: float | None = _f("Share of each GPU's memory the runtime may use (vLLM's "
                                               "gpu_memory_utilization); added in schema 1.2", default=None,
                                               gt=0, le=1)
     moe_routing: str | None = _f("MoE kernel tables used: power-law or balanced; added in schema 1.2",
                                  default=None)
-    fixed_costs: bool | None = _f("Stages and hand-offs were charged their fixed dispatch / NCCL call "
+    fixed_costs: StrictBool | None = _f("Stages and hand-offs were charged their fixed dispatch / NCCL call "
                                   "costs; added in schema 1.2", default=None)
     memory_reserve_gb: float = _f("Per-GPU memory held back for framework/CUDA context inside the "
                                   "runtime's budget, GiB (NCCL buffers by TP come on top)", ge=0)
 
 
 class SearchStats(_Frozen):
-    templates: int
-    candidates: int
-    simulations: int
-    pruned_by_bound: int
-    pruned_by_frontier: int
-    exhaustive: bool
+    templates: Count
+    candidates: Count
+    simulations: Count
+    pruned_by_bound: Count
+    pruned_by_frontier: Count
+    exhaustive: StrictBool
     space: SpaceOut
 
 
@@ -152,9 +163,9 @@ class Provenance(_Frozen):
     model_sha256: str = _f("SHA-256 of the model config.json")
     catalog_sha256: str = _f("SHA-256 of the searched GPU types' catalog entries (prices excluded)")
     prices_sha256: str = _f("SHA-256 of the searched GPU types' prices")
-    prices_usd_per_gpu_hour: dict[str, float] = _f("Price in effect per searched GPU type, USD per GPU-hour")
+    prices_usd_per_gpu_hour: dict[str, FinitePrice] = _f("Price in effect per searched GPU type, USD per GPU-hour")
     profiles_sha256: str = _f("SHA-256 of the searched GPU types' latency profile files")
-    network: dict[str, float] = _f("Network description: inter_node_gbps (GB/s), inter_node_latency_us, "
+    network: dict[str, NetworkFigure] = _f("Network description: inter_node_gbps (GB/s), inter_node_latency_us, "
                                    "intra_node_latency_us (microseconds)")
     network_sha256: str = _f("SHA-256 of the network description")
     backend: str = _f("Profile backend (e.g. vllm)")
@@ -169,17 +180,17 @@ class Plan(_Frozen):
                                   "not a bundled model or Hugging Face id (what simulate and regen "
                                   "reload); added in schema 1.2", default=None)
     workload: Workload
-    policy: str = _f("Plan family searched: opweave, colocated, afd or cad")
+    policy: PolicyName = _f("Plan family searched: opweave, colocated, afd or cad")
     usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)
     tpot_ms: float = _f("Steady-state time per output token (decode round trip), milliseconds", gt=0)
-    microbatches: int = _f("Microbatches in flight per replica (mu)", ge=1)
-    global_batch: int = _f("Requests decoding concurrently across the plan (B)", ge=1)
-    gpus_total: int = _f("GPUs in the plan: sum over owners of replicas x tensor_parallel", ge=1)
-    num_stages: int = _f("Stages in the decode loop", ge=1)
+    microbatches: StrictInt = _f("Microbatches in flight per replica (mu)", ge=1)
+    global_batch: StrictInt = _f("Requests decoding concurrently across the plan (B)", ge=1)
+    gpus_total: StrictInt = _f("GPUs in the plan: sum over owners of replicas x tensor_parallel", ge=1)
+    num_stages: StrictInt = _f("Stages in the decode loop", ge=1)
     owners: list[OwnerOut] = _f("Device group types", min_length=1)
     template: TemplateOut
     stages: list[StageOut] = _f("The decode loop, in order; after the last stage comes stage 0", min_length=1)
-    action_order: list[list[str]] = _f(
+    action_order: list[list[ActionEntry]] = _f(
         "Per owner, the static action order the simulator assumed: '<compute|send|recv> <stage> "
         "<microbatch>', repeated every decode step")
     metrics: Metrics
@@ -201,8 +212,8 @@ class Alternative(_Frozen):
     tpot_ms: float = _f("Steady-state time per output token, milliseconds", gt=0)
     cost_delta_pct: float = _f("Cost relative to this file's plan, percent (+: dearer)")
     tpot_delta_pct: float = _f("TPOT relative to this file's plan, percent (+: slower)")
-    num_stages: int = _f("Stages in the decode loop", ge=1)
-    gpus_total: int = _f("GPUs in the alternative", ge=1)
+    num_stages: StrictInt = _f("Stages in the decode loop", ge=1)
+    gpus_total: StrictInt = _f("GPUs in the alternative", ge=1)
     plan: Plan = _f("The alternative as a complete plan (its own alternatives omitted)")
 
 
@@ -212,8 +223,8 @@ class Infeasible(_Frozen):
     schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
     model: str
     workload: Workload
-    policy: str
-    feasible: bool = _f("Always false", default=False)
+    policy: PolicyName
+    feasible: Literal[False] = _f("Always false", default=False)
     reason: str
 
 

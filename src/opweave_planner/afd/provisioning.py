@@ -35,6 +35,7 @@ PAPER_SECTION_52 = {
 }
 """Section 5.2 / Table 3 coefficients (cycles; DeepSeek-V3 on Ascend 910C)."""
 
+MAX_COEFFICIENT = 1e12  # time units per token/request: larger products overflow the quadrature
 _PANELS = 96
 _NODES, _WEIGHTS = np.polynomial.legendre.leggauss(16)
 _TAIL = 40.0  # standard deviations beyond which every integrand below is < 1e-300
@@ -53,9 +54,10 @@ class LatencyCoefficients:
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if not math.isfinite(value) or value < 0:
+            if isinstance(value, bool) or not math.isfinite(value) or not 0 <= value <= MAX_COEFFICIENT:
                 raise UserError(
-                    f"latency coefficient {name}: expected a finite number >= 0, got {value}"
+                    f"latency coefficient {name}: expected a finite number in [0, "
+                    f"{MAX_COEFFICIENT:g}], got {value}"
                 )
         if self.alpha_f == 0 and self.alpha_c == 0:
             raise UserError(

@@ -191,10 +191,62 @@ class SimulationResult:
         return asdict(self)
 
 
-def _check_positive_int(name: str, value: int, minimum: int = 1) -> int:
-    if int(value) != value or value < minimum:
+# Bounds on what one run can honour (a bigger count would exhaust memory or run for hours;
+# reject it by name before drawing anything).
+MAX_RATIO = 4096  # attention instances per FFN (the planner's GPU budget bound)
+MAX_BATCH = 1 << 16  # requests per attention microbatch (the planner's batch bound)
+MAX_BATCHES_IN_FLIGHT = 64
+MAX_SIM_REQUESTS = 1 << 23  # requests drawn by one bundle simulation (r x --requests): ~0.5 GB
+MAX_SLOT_STEPS = 1 << 35  # r x requests x mean decode lifetime: about two minutes of kernel time
+MAX_MC_SAMPLES = 1 << 33  # trials x B x sum(r) slot draws of the barrier Monte Carlo: minutes
+MAX_SEED = (1 << 63) - 1
+
+
+def _check_positive_int(name: str, value: int, minimum: int = 1, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or int(value) != value or value < minimum:
         raise UserError(f"{name}: expected an integer >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise UserError(f"{name}: expected an integer <= {maximum}, got {value}")
     return int(value)
+
+
+def check_seed(seed: int, name: str = "seed") -> int:
+    """A seed numpy accepts and JSON can carry: 0 <= seed < 2^63."""
+    return _check_positive_int(name, seed, 0, MAX_SEED)
+
+
+def check_bundle_work(r_values, batch: int, batches_in_flight: int, requests_per_instance: int,
+                      mean_decode: float, names: dict[str, str] | None = None) -> None:
+    """Reject a bundle simulation no run could honour (memory or time), naming the count."""
+    n = names or {}
+    batch = _check_positive_int(n.get("batch", "batch size B"), batch, 1, MAX_BATCH)
+    k = _check_positive_int(n.get("k", "batches in flight"), batches_in_flight, 1, MAX_BATCHES_IN_FLIGHT)
+    req = _check_positive_int(n.get("requests", "requests per instance"), requests_per_instance,
+                              k * batch, MAX_SIM_REQUESTS)
+    for r in r_values:
+        r = _check_positive_int(n.get("r", "r"), r, 1, MAX_RATIO)
+        if r * req > MAX_SIM_REQUESTS:
+            raise UserError(f"{n.get('requests', 'requests per instance')}: r = {r} instances x {req} "
+                            f"requests exceeds the {MAX_SIM_REQUESTS} requests one simulation can hold; "
+                            f"use fewer requests per instance")
+        steps = r * req * max(float(mean_decode), 1.0)
+        if steps > MAX_SLOT_STEPS:
+            raise UserError(f"{n.get('requests', 'requests per instance')}: r = {r} x {req} requests x "
+                            f"mean decode {mean_decode:.4g} steps is {steps:.3g} slot-steps, above the "
+                            f"{MAX_SLOT_STEPS:.3g} one run can do in minutes; use fewer requests")
+
+
+def check_mc_work(r_values, batch: int, trials: int, names: dict[str, str] | None = None) -> None:
+    """Reject a barrier Monte Carlo no run could honour, naming the count."""
+    n = names or {}
+    batch = _check_positive_int(n.get("batch", "batch size B"), batch, 1, MAX_BATCH)
+    trials = _check_positive_int(n.get("trials", "trials"), trials, 1, MAX_MC_SAMPLES)
+    rs = [_check_positive_int(n.get("r", "r"), r, 1, MAX_RATIO) for r in r_values]
+    samples = trials * batch * sum(rs)
+    if samples > MAX_MC_SAMPLES:
+        raise UserError(f"{n.get('trials', 'trials')}: {trials} trials x B = {batch} x sum(r) = {sum(rs)} "
+                        f"is {samples:.3g} draws, above the {MAX_MC_SAMPLES:.3g} one run can do in "
+                        f"minutes; use fewer trials")
 
 
 def simulate_bundle(
@@ -218,6 +270,8 @@ def simulate_bundle(
     k = _check_positive_int("batches in flight", batches_in_flight)
     slots = k * batch
     n = _check_positive_int("requests per instance", requests_per_instance, slots)
+    check_bundle_work([r], batch, k, n, workload.mean_decode)
+    seed = check_seed(seed)
     if start not in ("stationary", "cold"):
         raise UserError(f"start state: expected 'stationary' or 'cold', got {start!r}")
     if not 0 < stable_fraction <= 1:
@@ -278,7 +332,8 @@ def barrier_overhead_mc(
     """
     batch = _check_positive_int("batch size B", batch)
     trials = _check_positive_int("trials", trials)
-    rng = np.random.default_rng(seed)
+    check_mc_work(np.asarray(r_values).ravel().tolist(), batch, trials)
+    rng = np.random.default_rng(check_seed(seed))
     out = []
     for r in np.asarray(r_values).ravel():
         r = _check_positive_int("r", r)

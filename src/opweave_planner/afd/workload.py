@@ -37,6 +37,7 @@ from opweave_planner.inputs.workload import (
 )
 
 DistKind = Literal["geometric", "fixed"]
+MAX_MEAN_LENGTH = 1 << 24  # tokens: beyond any model's context (and p^3 of a geometric law underflows)
 PROMPT_COLUMNS = LEGACY_PROMPT
 DECODE_COLUMNS = LEGACY_DECODE
 
@@ -57,8 +58,9 @@ class LengthDist:
             raise UserError(
                 f"length distribution: expected 'geometric' or 'fixed', got {self.kind!r}"
             )
-        if not math.isfinite(self.mean) or self.mean < 1:
-            raise UserError(f"{self.kind} length mean: expected a number >= 1, got {self.mean}")
+        if isinstance(self.mean, bool) or not math.isfinite(self.mean) or not 1 <= self.mean <= MAX_MEAN_LENGTH:
+            raise UserError(f"{self.kind} length mean: expected a number in [1, {MAX_MEAN_LENGTH}], "
+                            f"got {self.mean}")
         if self.kind == "fixed" and self.mean != int(self.mean):
             raise UserError(f"fixed length: expected an integer, got {self.mean}")
 
@@ -217,6 +219,9 @@ def load_trace(path: str | Path) -> TraceWorkload:
     prompt length >= 0 and a decode length >= 1; the first bad row is reported by its line
     number in the file (the header is line 1).
     """
+    from opweave_planner.atomic import check_input_file
+
+    check_input_file(path, "--trace")  # a folder or FIFO: one line, and a FIFO is never opened
     trace = read_trace(path)
     w = TraceWorkload(trace.prompt, trace.output, name=str(Path(path)))
     w.format = trace.format

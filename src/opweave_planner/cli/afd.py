@@ -13,6 +13,10 @@ from typing import Annotated
 
 import typer
 
+MAX_RATIO = 4096  # = afd.simulator.MAX_RATIO (kept here so --help needs no numpy)
+MAX_BATCH = 1 << 16  # = afd.simulator.MAX_BATCH
+_FLAGS = {"batch": "--batch", "k": "--batches-in-flight", "requests": "--requests", "r": "--r",
+          "trials": "--trials"}
 _COEF_KEYS = ("alpha_a", "beta_a", "alpha_f", "beta_f", "alpha_c", "beta_c")
 _CAL_KEYS = ("model", "attn_gpu", "ffn_gpu", "attn_tp", "ffn_tp", "ep", "ctx", "profiles", "backend")
 
@@ -116,7 +120,12 @@ def _parse_ratios(text: str, integers: bool) -> list:
             raise UserError(f"--r: expected comma-separated {kind}, got {part!r}") from None
         if not 0 < value < float("inf"):
             raise UserError(f"--r: expected comma-separated {kind}, got {part!r}")
+        if value > MAX_RATIO:
+            raise UserError(f"--r: {part} attention instances per FFN is above the {MAX_RATIO} a "
+                            f"bundle can have")
         values.append(value)
+    if not values:
+        raise UserError(f"--r: expected comma-separated {kind}")
     return values
 
 
@@ -181,8 +190,8 @@ def _setup(
     from opweave_planner.afd.workload import LengthDist, ParametricWorkload, load_trace
     from opweave_planner.errors import UserError
 
-    if batch < 1:
-        raise UserError(f"--batch: expected an integer >= 1, got {batch}")
+    if not 1 <= batch <= MAX_BATCH:
+        raise UserError(f"--batch: expected an integer in [1, {MAX_BATCH}], got {batch}")
     cal = _calibrate(calib, coefs, batch, max_ratio) if calib is not None else None
     if cal is not None:
         coef = cal.coefficients
@@ -192,9 +201,14 @@ def _setup(
     if trace is not None:
         workload = load_trace(trace)
     else:
-        workload = ParametricWorkload(
-            LengthDist(prompt_dist, prompt_mean), LengthDist(decode_dist, decode_mean)
-        )
+        laws = []
+        for flag, kind, mean in (("--prompt-mean", prompt_dist, prompt_mean),
+                                 ("--decode-mean", decode_dist, decode_mean)):
+            try:
+                laws.append(LengthDist(kind, mean))
+            except UserError as exc:
+                raise UserError(f"{flag}: {exc}") from None
+        workload = ParametricWorkload(*laws)
     return coef, workload, cal
 
 
@@ -419,6 +433,14 @@ def simulate(
     from opweave_planner.errors import UserError
 
     ratios = _parse_ratios(r, integers=True)
+    from opweave_planner.afd import simulator as sim
+
+    sim.check_seed(seed, "--seed")
+    if mc:
+        sim.check_mc_work(ratios, batch, trials, _FLAGS)
+    elif not 1 <= batches_in_flight <= sim.MAX_BATCHES_IN_FLIGHT:
+        raise UserError(f"--batches-in-flight: expected an integer in [1, {sim.MAX_BATCHES_IN_FLIGHT}], "
+                        f"got {batches_in_flight}")
     coef, workload, cal = _setup(
         batch,
         _pick(args, _COEF_KEYS),
@@ -431,11 +453,10 @@ def simulate(
         max_ratio=max(ratios),
     )
     from opweave_planner.afd import provisioning as pv
-    from opweave_planner.afd import simulator as sim
 
+    if not mc:
+        sim.check_bundle_work(ratios, batch, batches_in_flight, requests, workload.mean_decode, _FLAGS)
     if mc:
-        if trials < 1:
-            raise UserError(f"--trials: expected an integer >= 1, got {trials}")
         got = sim.barrier_overhead_mc(workload, batch, ratios, trials=trials, seed=seed)
         clt = pv.barrier_overhead(batch, workload.theta, workload.nu, ratios)
         report = {

@@ -6,6 +6,8 @@
 * click/typer usage errors -> one line naming the flag (not typer's 4-line box), exit 2;
 * Ctrl-C -> ``interrupted``, 130; SIGTERM -> ``terminated``, 143;
 * a closed stdout (``| head``) -> silent, 141;
+* an OSError about a named path (missing, unreadable, a folder, name too long) that escaped
+  the edge checks -> ``error: '<path>': <reason>``, exit 2;
 * anything else -> ``internal error: <Type>: <msg> (rerun with --debug ...)``, exit 4,
   with the traceback only under ``--debug`` (stripped from argv) or ``OPWEAVE_DEBUG=1``.
 
@@ -17,6 +19,7 @@ name, since typer >= 0.2x vendors its own copy as typer._click).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import traceback
@@ -148,12 +151,34 @@ def handle(exc: BaseException, debug: bool) -> int:
     if isinstance(exc, BrokenPipeError):
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    path_line = _path_error(exc)
+    if path_line is not None:
+        _print(f"error: {path_line}")
+        return EXIT_BAD_INPUT
     hint = "" if debug else " (rerun with --debug for the traceback)"
     if isinstance(exc, InternalError):
         _print(f"internal error: {exc}{hint}")
     else:
         _print(f"internal error: {type(exc).__name__}: {one_line(exc)}{hint}")
     return EXIT_INTERNAL
+
+
+# OS errors that mean "this path the user named is not what it must be" (bad input, exit 2)
+_PATH_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
+                          errno.ENAMETOOLONG, errno.ELOOP, errno.ENXIO})
+
+
+def _path_error(exc: BaseException) -> str | None:
+    """One line for an OSError about a named path that escaped the edge checks, else None.
+
+    The edge (atomic.read_input, check_writable) names the flag; this last resort still names
+    the file, so a missed check is exit 2 and one line, never a traceback or exit 4.
+    """
+    if not isinstance(exc, OSError) or exc.errno not in _PATH_ERRNOS or not exc.filename:
+        return None
+    name = os.fsdecode(exc.filename)
+    shown = name if len(name) <= 80 else name[:60] + "…" + name[-16:]
+    return one_line(f"'{shown}': {exc.strerror or exc}")
 
 
 def _silence_stdout() -> None:

@@ -32,6 +32,8 @@ def _bytes(n: float) -> str:
 
 
 TP_CHOICES = (1, 2, 4, 8)
+MAX_TP = 4096  # the planner's GPU budget bound: no group is larger
+MAX_MICROBATCHES = 64  # the planner's --max-microbatches bound
 
 
 def default_tp(model: Any, gpus: Any, contexts: list[int], tp_choices=TP_CHOICES,
@@ -147,8 +149,16 @@ def theory_cmd(
     import orjson
 
     from opweave_planner import theory
+    from opweave_planner.errors import UserError
+    from opweave_planner.inputs.units import MAX_TOKENS
 
     contexts = theory.parse_contexts(ctx)
+    if contexts[-1] > MAX_TOKENS:
+        raise UserError(f"--ctx: {contexts[-1]} tokens exceeds {MAX_TOKENS} tokens")
+    if tp is not None and not 1 <= tp <= MAX_TP:
+        raise UserError(f"--tp: expected an integer in [1, {MAX_TP}], got {tp}")
+    if not 1 <= microbatches <= MAX_MICROBATCHES:
+        raise UserError(f"--microbatches: expected an integer in [1, {MAX_MICROBATCHES}], got {microbatches}")
     if tp is None:
         from opweave_planner.inputs.model import load_model
 

@@ -13,7 +13,7 @@ import math
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opweave_planner.errors import UserError
 from opweave_planner.inputs import units
@@ -202,9 +202,45 @@ class PlanRequest(BaseModel):
     @field_validator("memory_reserve_gb", mode="before")
     @classmethod
     def _reserve(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise UserError(f"--memory-reserve-gb: expected a number of GiB, got {v!r}")
         if isinstance(v, float) and not math.isfinite(v):
             raise UserError(f"--memory-reserve-gb: '{v}' must be a finite number of GiB")
         return v
+
+    @field_validator("max_owners", "max_microbatches", "max_replicas", "max_gpus", "max_stages",
+                     mode="before")
+    @classmethod
+    def _whole(cls, v: Any, info) -> Any:
+        if isinstance(v, bool):  # pydantic would read true as 1
+            raise UserError(f"{flag_of(info.field_name)}: expected an integer, got {v!r}")
+        return v
+
+    @field_validator("moe_expert_parallel", "pareto", "bnb", mode="before")
+    @classmethod
+    def _switch(cls, v: Any, info) -> Any:
+        if not isinstance(v, bool):  # pydantic would read "no", "off", 0 as false
+            raise UserError(f"{flag_of(info.field_name)}: expected true or false, got {v!r}")
+        return v
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            from opweave_planner.data import check_profiles_dir
+
+            check_profiles_dir(v)
+        return v
+
+    @model_validator(mode="after")
+    def _budget_holds_the_policy(self) -> PlanRequest:
+        # every afd / cad plan has two owners of at least one GPU each (max_owners limits
+        # only opweave's templates)
+        need = 2 if self.policy in (Policy.AFD, Policy.CAD) else 1
+        if self.max_gpus < need:
+            raise UserError(f"--max-gpus: {self.max_gpus} GPU is below the {need} every "
+                            f"{self.policy.value} plan needs (two owners of at least one GPU each)")
+        return self
 
     # ------------------------------------------------------------------ derived views
     @property
