@@ -3,8 +3,7 @@ read its own output. One regression test per listed case (the model-config cases
 inputs/model.py's tests). Runs go through the console-script guard in this process
 (`conftest.run_cli`), so what is checked is the exit code and stderr a shell would see.
 
-Cases that need a file this suite's author does not own are `xfail(strict=True)` with the
-exact change in the reason; they turn into failures (XPASS) once the change lands.
+Every case passes; none is marked xfail (the changes they once waited for have landed).
 """
 
 from __future__ import annotations
@@ -181,9 +180,6 @@ def test_unreadable_plan_file_is_one_line(tmp_path, afd_plan, unreadable):
         assert "not readable" in line or "Permission denied" in line
 
 
-@pytest.mark.xfail(strict=True, reason="needs inputs/hardware.py read_table_file: read the file with "
-                   "atomic.read_input(path, field) instead of Path.is_file()/read_bytes(), so the line "
-                   "names the flag (the guard's fallback names only the file)")
 @pytest.mark.parametrize("flag", ["--prices", "--catalog"])
 def test_unreadable_prices_or_catalog_names_the_flag(tmp_path, unreadable, flag, no_search):
     path = tmp_path / "table.json"
@@ -208,17 +204,11 @@ def test_unreadable_matrix_names_the_flag(tmp_path, unreadable):
     assert_one_line_error(ran, 2, "--matrix", str(path))
 
 
-@pytest.mark.xfail(strict=True, reason="needs regen.py load_matrix: check the path with "
-                   "atomic.check_input_file(path, '--matrix') instead of Path.is_file(), so a folder or "
-                   "FIFO is 'is not a regular file' instead of 'does not exist'")
 def test_a_fifo_matrix_is_not_a_regular_file(tmp_path, fifo):
     ran = run_cli("regen", "--matrix", fifo, "--out", tmp_path / "o")
     assert_one_line_error(ran, 2, "--matrix", "is not a regular file")
 
 
-@pytest.mark.xfail(strict=True, reason="needs inputs/hardware.py _parse_catalog: `gpus = obj.get('gpus') "
-                   "or {}; if not isinstance(gpus, dict): raise UserError(f\"{where}: 'gpus' must be a "
-                   "table of [gpus.<id>] tables, got {type(gpus).__name__}\")` (same for 'network')")
 @pytest.mark.parametrize("body", ['gpus = ["h100"]\n', 'network = 5\n'])
 def test_catalog_of_the_wrong_shape_is_bad_input(tmp_path, body):
     path = tmp_path / "cat.toml"
@@ -240,9 +230,6 @@ def test_a_fifo_trace_is_not_read(fifo):
     assert time.perf_counter() - start < 10  # opening a FIFO for reading would block
 
 
-@pytest.mark.xfail(strict=True, reason="needs inputs/hardware.py read_table_file (and regen.py "
-                   "load_matrix): atomic.check_input_file/read_input, which say 'is not a regular file' "
-                   "for a folder or FIFO instead of 'does not exist'")
 @pytest.mark.parametrize("flag", ["--prices", "--catalog"])
 def test_a_fifo_passed_as_prices_is_not_a_regular_file(fifo, flag):
     assert_one_line_error(run_cli("gpus", flag, fifo), 2, flag, "is not a regular file")
@@ -379,10 +366,6 @@ def test_golden_plans_still_read():
         read_plan(path)
 
 
-@pytest.mark.xfail(strict=True, reason="needs plan.build_plan (or inputs/model.py ModelSpec.name): record "
-                   "the config path the request named (e.g. model=str(Path(req.model).resolve()) when "
-                   "req.model is a file) instead of the folder name, so simulate PLAN reloads the same "
-                   "config; today a plan of some/dir/config.json records 'dir'")
 def test_a_plan_made_from_a_config_path_simulates_without_model(tmp_path):
     cfg = tmp_path / "mymodel" / "config.json"
     cfg.parent.mkdir()
@@ -435,9 +418,6 @@ def test_regen_a_folder_where_a_plan_should_go(tmp_path):
     assert "is not a file" in line
 
 
-@pytest.mark.xfail(strict=True, reason="needs regen.py regen(): before planning, create --out "
-                   "(out.mkdir(parents=True, exist_ok=True) with OSError -> UserError('--out: ...')) and "
-                   "then check_writable(out / probe), so a path under a file fails before the search")
 def test_regen_out_under_a_file_fails_before_planning(tmp_path, monkeypatch):
     from opweave_planner import regen
 
@@ -509,19 +489,12 @@ def test_everything_the_tool_writes_it_reads_back(tmp_path):
 
 # --------------------------------------------------------------------------- found here, owned elsewhere
 
-@pytest.mark.xfail(strict=True, reason="needs cli/main.py profiles_show: reject --microbatches sizes above "
-                   "1 << 16 (inputs.request.MAX_BATCH) like every other count; today 99999999999999999999 "
-                   "reaches the JSON writer ('Integer exceeds 64-bit range', exit 4)")
 def test_profiles_show_bounds_its_microbatches():
     ran = run_cli("profiles", "show", "--model", "llama-3.1-8b", "--gpu", "h100",
                   "--microbatches", "99999999999999999999", "--json")
     assert_one_line_error(ran, 2, "--microbatches")
 
 
-@pytest.mark.xfail(strict=True, reason="needs compare.py: build each policy's request through "
-                   "PlanRequest validation (PlanRequest.model_validate({**probe.model_dump(), ...}) instead "
-                   "of probe.model_copy(update=...)), so a cad/afd cell under --max-gpus 1 names the GPU "
-                   "budget instead of memory")
 def test_compare_blames_the_gpu_budget_for_a_two_owner_policy():
     ran = run_cli("compare", "--model", "llama-3.1-8b", "--gpus", "h100", "--ctx", "8k", "--slo", "60ms",
                   "--batches", "8,16", "--max-owners", "1", "--policies", "colocated,cad", "--max-gpus", "1",

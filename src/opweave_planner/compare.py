@@ -167,9 +167,11 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
     hetero = len(gpu_ids) > 1 and homogeneous and "opweave" in pols
 
     def request(slo, ctx, gbps, lat, gpus, policy):
-        return probe.model_copy(update={"slo": float(slo), "ctx": int(ctx), "gpus": tuple(gpus),
-                                        "policy": type(probe.policy)(policy), "network_bandwidth": gbps,
-                                        "network_latency": lat})
+        # validated like any request (a cad cell under --max-gpus 1 names the GPU budget)
+        from opweave_planner.inputs.request import make_request
+
+        return make_request(**{**probe.model_dump(), "slo": float(slo), "ctx": int(ctx), "gpus": tuple(gpus),
+                               "policy": policy, "network_bandwidth": gbps, "network_latency": lat})
 
     # every independent search of the grid, in a fixed order; run them through one executor
     layout = []  # (network, ctx, slo, {policy: request}, {gpu: request} | None)

@@ -268,12 +268,13 @@ def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> lis
 
 def load_matrix(path: str | Path) -> list[RegenTask]:
     """Expand a matrix file into validated tasks (every entry checked before anything runs)."""
+    from opweave_planner.atomic import read_input
+
     p = Path(path)
     where = str(path)
-    if not p.is_file():
-        raise UserError(f"--matrix: file '{path}' does not exist")
+    data = read_input(p, "--matrix")
     try:
-        obj = tomllib.loads(p.read_text())
+        obj = tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"--matrix: '{path}' is not valid TOML ({exc})") from None
     except OSError as exc:
@@ -455,8 +456,11 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out: '{out}' is not a folder")
-    if out.exists():
-        check_writable(out / ".opweave-regen-probe", "--out")
+    try:  # before any search: a path under a file or a read-only folder fails now, not after
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out: cannot create folder '{out}' ({exc.strerror})") from None
+    check_writable(out / ".opweave-regen-probe", "--out")
     changes: dict[int, FileChange] = {}
 
     def finished(res) -> None:

@@ -115,8 +115,8 @@ def _register_subcommands() -> None:
             sizes = tuple(int(x) for x in microbatches.split(",") if x.strip())
         except ValueError:
             sizes = ()
-        if not sizes or min(sizes) < 1:
-            raise UserError(f"--microbatches: '{microbatches}' must be positive integers, e.g. 1,8,64")
+        if not sizes or min(sizes) < 1 or max(sizes) > 1 << 16:
+            raise UserError(f"--microbatches: '{microbatches}' must be positive integers up to 65536, e.g. 1,8,64")
         info = api.profile_table(model, gpu, tp, context, microbatches=sizes, moe_ep=ep,
                                  profiles_dir=profiles_dir, backend=backend, catalog=catalog)
         report.emit_json(info) if as_json else report.render_profile_table(info)

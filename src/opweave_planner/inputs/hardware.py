@@ -212,10 +212,10 @@ class Hardware(_Frozen):
 
 def read_table_file(path: str | Path, field: str) -> dict[str, Any]:
     """Read a JSON or TOML object; errors name the file and the flag."""
+    from opweave_planner.atomic import read_input
+
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{field}: file '{path}' does not exist")
-    data = p.read_bytes()
+    data = read_input(p, field)
     try:
         obj = tomllib.loads(data.decode()) if p.suffix == ".toml" else orjson.loads(data)
     except (tomllib.TOMLDecodeError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -240,7 +240,12 @@ def _parse_catalog(obj: dict[str, Any], where: str) -> tuple[dict[str, dict[str,
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; expected gpus, network")
     gpus = {}
-    for gid, entry in (obj.get("gpus") or {}).items():
+    table = obj.get("gpus") or {}
+    if not isinstance(table, dict):
+        raise UserError(f"{where}: 'gpus' must be a table of [gpus.<id>] tables, got {type(table).__name__}")
+    if not isinstance(obj.get("network") or {}, dict):
+        raise UserError(f"{where}: 'network' must be a table of network fields")
+    for gid, entry in table.items():
         if not isinstance(entry, dict):
             raise UserError(f"{where}: gpus.{gid} must be a table of fields")
         gpus[gid.lower()] = dict(entry)
