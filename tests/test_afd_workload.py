@@ -104,7 +104,7 @@ def test_bad_traces_are_rejected_with_the_line(tmp_path, text, needle):
 
 
 def test_missing_trace_file_is_a_user_error(tmp_path):
-    with pytest.raises(UserError, match="nope.csv' does not exist"):
+    with pytest.raises(UserError, match=r"nope\.csv' does not exist"):
         load_trace(tmp_path / "nope.csv")
 
 

@@ -82,19 +82,23 @@ def test_prefer_simpler_returns_the_simplest_plan_within_the_share(mixed):
 
 def test_max_nodes_and_gpus_per_node_are_honoured():
     doc = plan(gpus="h100", gpus_per_node=2, max_nodes=2)
-    if doc is not None:
-        assert all(o.tensor_parallel <= 2 for o in doc.owners)
-        nodes = sum(math.ceil(o.replicas * o.tensor_parallel / 2) for o in doc.owners)
-        assert nodes <= 2 or doc.metrics.stage_link == "intra_node"
+    assert doc is not None
+    assert all(o.tensor_parallel <= 2 for o in doc.owners)
+    nodes = sum(math.ceil(o.replicas * o.tensor_parallel / 2) for o in doc.owners)
+    assert nodes <= 2 or doc.metrics.stage_link == "intra_node"
+    assert doc.search.space.gpus_per_node == 2 and doc.search.space.max_nodes == 2
 
 
 def test_memory_headroom_keeps_memory_free():
+    from opweave_planner.inputs.hardware import load_hardware
+    from opweave_planner.latency.memory import usable_bytes
+
     doc = plan(gpus="h100", memory_headroom="30%")
     free = plan(gpus="h100")
-    assert cost(doc) >= cost(free) * (1 - 1e-12)
-    if doc is not None:
-        usable = 80 * 2**30 - 3.5 * 2**30  # catalog H100 memory less the default reserve (NCCL excluded)
-        assert all(o.memory_bytes_per_gpu <= usable * 0.7 for o in doc.owners)
+    assert doc is not None and cost(doc) >= cost(free) * (1 - 1e-12)
+    h100 = load_hardware().resolve("h100")
+    for o in doc.owners:  # the same budget the search uses, less the 30 % kept free
+        assert o.memory_bytes_per_gpu <= usable_bytes(h100, o.tensor_parallel) * 0.7 * (1 + 1e-9)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,7 +12,7 @@ from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.latency.interp import INTERPOLATED
 from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
 from opweave_planner.latency.memory import fixed_costs, usable_bytes
-from opweave_planner.search.problem import Problem, check_problem, typed
+from opweave_planner.search.problem import PRUNE_EPS, Problem, check_problem, typed
 from opweave_planner.structure.operators import OperatorSequence, OpKind
 from opweave_planner.structure.templates import StagePlan, boundary_payload
 
@@ -133,7 +133,6 @@ def stage_arrays(seq: OperatorSequence, plan: StagePlan) -> StageArrays:
                        np.array(boundary_payload(seq, plan)), k)
 
 
-PRUNE_EPS = 1e-12  # pruning margin: a candidate that could tie the incumbent is never pruned
 
 
 def make_problem(arrays: SearchArrays, st: StageArrays, req: PlanRequest, *, batches: tuple[int, ...],

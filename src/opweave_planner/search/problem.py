@@ -22,6 +22,8 @@ from numba import njit
 # that allocate nothing are compiled without it: they only borrow arrays their caller owns.
 hot = njit(cache=True, _nrt=False)
 
+PRUNE_EPS = 1e-12  # pruning / SLO margin: a candidate that could tie is never pruned
+
 
 class Problem(NamedTuple):
     stage_owner: np.ndarray  # int64[S]: owner of each stage

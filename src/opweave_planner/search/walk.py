@@ -34,9 +34,17 @@ from opweave_planner.search.points import (
     pareto_filter,
     sort_points,
 )
-from opweave_planner.search.problem import Counters, Hot, Problem, SearchResult, Selection, hot
+from opweave_planner.search.problem import (
+    PRUNE_EPS,
+    Counters,
+    Hot,
+    Problem,
+    SearchResult,
+    Selection,
+    hot,
+)
 
-EPS = 1e-12
+EPS = PRUNE_EPS
 
 
 @hot
