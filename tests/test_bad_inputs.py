@@ -502,3 +502,23 @@ def test_compare_blames_the_gpu_budget_for_a_two_owner_policy():
     assert "Traceback" not in ran.err
     cad = [ln for ln in ran.err.splitlines() if " cad " in ln]
     assert cad and "--max-gpus" in cad[0] and "memory" not in cad[0], ran.err
+
+
+def test_simulate_out_of_a_plan_whose_space_omits_an_owner_gpu_reads_back(tmp_path):
+    """Found by the fuzz suite: a hand-edited searched space without an owner's GPU type made
+    `simulate --out` write a plan (no price for that GPU) that `read_plan` rejected."""
+    import orjson
+
+    from opweave_planner.contract import evaluate_plan, read_plan
+    from opweave_planner.plan import plan_bytes
+
+    golden = Path(__file__).parent / "golden" / "llama-3.1-8b_afd_h100+a100_v1.2.json"
+    doc = orjson.loads(golden.read_bytes())
+    used = {o["gpu"] for o in doc["owners"]}
+    doc["search"]["space"]["gpus"] = [g for g in doc["search"]["space"]["gpus"] if g not in used][:1] or ["l40s"]
+    edited = tmp_path / "edited.json"
+    edited.write_bytes(orjson.dumps(doc))
+    out = tmp_path / "again.json"
+    out.write_bytes(plan_bytes(evaluate_plan(read_plan(edited), where=str(edited)).plan))
+    again = read_plan(out)
+    assert used <= set(again.provenance.prices_usd_per_gpu_hour)

@@ -375,7 +375,9 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     usd_per_mtok = ev.t_rtt * ev.rate / 3.6e9 * 1e6
     cut_ops = ([seq.ops[splan.ops[0][0]].name] if s == 1
                else [f"layer+{offset}.{SLOTS[slot]}" for offset, slot in splan.cut_keys])
-    prov = provenance(ctx.hw, seq, search.space.gpus, req.profiles, req.backend)
+    # scoped to the searched types and the plan's own (the same set unless a file was edited):
+    # a plan always records the price of every GPU it uses, so it reads back
+    prov = provenance(ctx.hw, seq, [*search.space.gpus, *(o.gpu for o in owners)], req.profiles, req.backend)
     order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(prob.stage_owner, mu, k)]
     return Plan(
         schema_version=schema_version_for(search.space, alternatives=source is not None),
