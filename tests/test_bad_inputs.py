@@ -522,3 +522,57 @@ def test_simulate_out_of_a_plan_whose_space_omits_an_owner_gpu_reads_back(tmp_pa
     out.write_bytes(plan_bytes(evaluate_plan(read_plan(edited), where=str(edited)).plan))
     again = read_plan(out)
     assert used <= set(again.provenance.prices_usd_per_gpu_hour)
+
+
+# --------------------------------------------------------------------------- workloads (issue 13)
+
+WORKLOAD_BASE = ("--model", "llama-3.1-8b", "--slo", "30ms", "--gpus", "h100")
+EXAMPLE_TRACE = Path(__file__).resolve().parent.parent / "examples" / "traces" / "azure-conv-sample.csv"
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ("prompt_tokens,output_tokens\n", "no data rows"),
+    ("foo,bar\n1,2\n", "unknown header"),
+    ("prompt_tokens,output_tokens\n10,abc\n", "line 2"),
+    ("prompt_tokens,output_tokens\n-5,3\n", "prompt length must be an integer >= 0"),
+    ("prompt_tokens,output_tokens\n10,0\n", "output length must be an integer >= 1"),
+])
+def test_a_bad_trace_is_one_line_naming_the_file_and_nothing_is_written(tmp_path, body, needle, no_search):
+    trace = tmp_path / "trace.csv"
+    trace.write_text(body)
+    out = tmp_path / "plan.json"
+    ran = run_cli(*WORKLOAD_BASE, "--workload", trace, "--out", out)
+    assert_one_line_error(ran, 2, str(trace), needle)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["trace.csv"]
+
+
+@pytest.mark.parametrize("overflow", ["clip", "drop"])
+def test_every_request_longer_than_max_model_len_is_bad_input(tmp_path, overflow, no_search):
+    trace = tmp_path / "long.csv"
+    trace.write_text("prompt_tokens,output_tokens\n100000,10\n200000,5\n")
+    ran = run_cli(*WORKLOAD_BASE, "--workload", trace, "--max-model-len", "8k", "--overflow", overflow)
+    assert_one_line_error(ran, 2, str(trace), "--max-model-len")
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--slo-percentile", "0"), ("--slo-percentile", "100"), ("--slo-percentile", "-5"),
+    ("--slo-percentile", "abc"), ("--kv-quantile", "0"), ("--kv-quantile", "1"), ("--kv-quantile", "1.5"),
+    ("--overflow", "wrap"), ("--scale-ctx", "0"), ("--scenarios", "3"),
+])
+def test_out_of_range_workload_settings_name_the_flag(flag, value, no_search):
+    ran = run_cli(*WORKLOAD_BASE, "--workload", EXAMPLE_TRACE, flag, value)
+    assert_one_line_error(ran, 2, flag)
+
+
+@pytest.mark.parametrize("argv", [
+    ("--ctx", "8k", "--workload", str(EXAMPLE_TRACE)), ("--ctx", "8k", "--slo-percentile", "90"),
+    ("--ctx", "8k", "--scale-ctx", "32k"), ("--ctx", "8k", "--max-model-len", "16k"),
+])
+def test_workload_settings_need_a_workload(argv, no_search):
+    ran = run_cli(*WORKLOAD_BASE, *argv)
+    assert_one_line_error(ran, 2, argv[2])
+
+
+def test_a_missing_workload_file_is_one_line(tmp_path, no_search):
+    ran = run_cli(*WORKLOAD_BASE, "--workload", tmp_path / "nope.csv")
+    assert_one_line_error(ran, 2, "nope.csv")

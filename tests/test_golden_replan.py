@@ -1,7 +1,11 @@
 """Golden plans are re-planned from the request they record and compared byte for byte.
 
-Goldens of the current schema version must re-plan exactly: any change of a figure, a key
+Goldens of the current schema versions must re-plan exactly: any change of a figure, a key
 or a rounding fails here, and a deliberate change regenerates them in a commit that says why.
+A file is stamped with the lowest version covering its keys, so today's planner writes 1.2
+(a fixed context) and 1.3 (a workload distribution) files; both kinds are re-planned. A
+workload golden records its trace by absolute path: it is re-planned from the shipped example
+trace (same sha256) and compared with that one path put back.
 Goldens of older 1.x versions stay as read-compatibility fixtures (tests/test_contract.py):
 they were written by earlier latency models (1.0 predates the vocab-sharded embedding fix,
 f70f3d1; the 1.1 file predates the 1.2 latency-fidelity work) and are only validated and
@@ -38,21 +42,27 @@ def _strip(obj: dict, minor: int) -> dict:
     return obj
 
 
+CURRENT = ("1.2", SCHEMA_VERSION)  # what the planner writes today
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "traces"
+
+
 def _golden_files() -> list[Path]:
     return sorted(p for p in GOLDEN.glob("*.json")
-                  if orjson.loads(p.read_bytes())["schema_version"] == SCHEMA_VERSION)
+                  if orjson.loads(p.read_bytes())["schema_version"] in CURRENT)
 
 
 def test_there_are_goldens_of_every_minor():
     minors = {orjson.loads(p.read_bytes())["schema_version"] for p in GOLDEN.glob("*.json")}
-    assert {"1.0", "1.1", "1.2"} <= minors, minors
-    assert len(_golden_files()) >= 5
+    assert {"1.0", "1.1", "1.2", "1.3"} <= minors, minors
+    assert len(_golden_files()) >= 6
 
 
 @pytest.mark.parametrize("path", _golden_files(), ids=lambda p: p.name)
 def test_golden_replans_to_the_same_bytes(path: Path):
     golden = read_plan(path)
-    req = recorded_request(golden)
+    dist = golden.workload.distribution
+    trace = None if dist is None else str(EXAMPLES / Path(dist.workload).name)
+    req = recorded_request(golden, workload=trace)
     if isinstance(golden, Infeasible):
         # an infeasibility record keeps no searched space: this one was written by
         # test_contract.make (its SMALL space); its reason names the GPU set
@@ -68,4 +78,8 @@ def test_golden_replans_to_the_same_bytes(path: Path):
     fresh["schema_version"] = golden.schema_version
     from opweave_planner.report import dumps
 
+    if dist is not None:
+        for doc in [fresh, *(a["plan"] for a in fresh.get("alternatives", {}).values())]:
+            assert doc["workload"]["distribution"]["workload"] == trace
+            doc["workload"]["distribution"]["workload"] = dist.workload
     assert dumps(fresh) == path.read_bytes()

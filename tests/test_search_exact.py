@@ -131,14 +131,17 @@ def problem_of(inst) -> Problem:
         max_nodes=inst.get("max_nodes", math.inf), prune_factor=1.0 + EPS)))
 
 
-def run_kernel(inst, use_pareto, use_bnb):
-    res = search_template(problem_of(inst), math.inf, use_pareto, use_bnb)
+def run_kernel(inst, use_pareto, use_bnb, problem=None, slo=None):
+    prob = problem_of(inst) if problem is None else problem
+    if slo is not None:
+        prob = prob._replace(slo=float(slo))
+    res = search_template(prob, math.inf, use_pareto, use_bnb)
     if not res.found:
         return None
     sel = res.selection
     ident = (sel.batch, sel.mu, tuple((int(c), int(n)) for c, n in zip(sel.cfg, sel.replicas, strict=True)))
     return {"cost": res.cost, "t_rtt": res.t_rtt, "gpus": res.gpus, "ident": ident,
-            "counters": np.array(res.counters)}
+            "counters": np.array(res.counters), "selection": sel}
 
 
 def owner_points(prob, o, B, mu):
@@ -168,9 +171,13 @@ def owner_points(prob, o, B, mu):
     return pts
 
 
-def brute_force(inst):
-    """Every feasible candidate in enumeration order, and the winner by (cost, GPUs, order)."""
-    prob = problem_of(inst)
+def brute_force(inst, problem=None):
+    """Every feasible candidate in enumeration order, and the winner by (cost, GPUs, order).
+
+    With a workload (`problem` carries knots and scenarios) a candidate is feasible when its
+    percentile TPOT meets the SLO and costs its mean TPOT x rate, both from the evaluator."""
+    prob = problem_of(inst) if problem is None else problem
+    workload = prob.knots.size > 0
     owner, k = prob.stage_owner, prob.k
     best = None
     feasible = []
@@ -187,14 +194,17 @@ def brute_force(inst):
                     continue
                 sel = selection(B, mu, [p["c"] for p in combo], [p["n"] for p in combo], [p["m"] for p in combo])
                 ev = evaluate(prob, sel)  # stage vectors, link, memory, rate: the one evaluator
-                key = (tuple(ev.t), tuple(ev.occ), tuple(ev.latv), mu)
-                if key not in cache:
-                    cache[key] = ref_simulate_rtt(list(owner), list(ev.t), list(ev.occ), list(ev.latv), mu, k)
-                trtt = cache[key]
-                assert math.isclose(ev.t_rtt, trtt, rel_tol=1e-9, abs_tol=1e-12)
+                if workload:
+                    trtt, cost = ev.t_rtt, ev.t_mean * ev.rate
+                else:
+                    key = (tuple(ev.t), tuple(ev.occ), tuple(ev.latv), mu)
+                    if key not in cache:
+                        cache[key] = ref_simulate_rtt(list(owner), list(ev.t), list(ev.occ), list(ev.latv), mu, k)
+                    trtt = cache[key]
+                    assert math.isclose(ev.t_rtt, trtt, rel_tol=1e-9, abs_tol=1e-12)
+                    cost = trtt * ev.rate
                 if trtt > prob.slo * (1 + EPS):
                     continue
-                cost = trtt * ev.rate
                 ident = (B, mu, tuple((p["c"], p["n"]) for p in combo))
                 feasible.append((cost, gpus, ident))
                 if best is None or cost < best[0] or (cost == best[0] and gpus < best[1] - 1e-9):
@@ -232,8 +242,13 @@ def test_kernel_equals_brute_force(inst):
     if best is not None:
         event(f"k={inst['k']}")
         event("exact cost tie at the optimum" if sum(f[0] == best[0] for f in feasible) > 1 else "unique optimum")
+    assert_kernel_matches(inst, best, feasible)
+
+
+def assert_kernel_matches(inst, best, feasible, problem=None):
+    """Every (frontier, bounds) combination returns the brute force's optimum (or an exact tie)."""
     for pf, bnb in [(False, False)] + COMBOS:
-        got = run_kernel(inst, pf, bnb)
+        got = run_kernel(inst, pf, bnb, problem=problem)
         if best is None:
             assert got is None, (pf, bnb, got)
             continue

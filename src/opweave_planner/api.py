@@ -113,9 +113,10 @@ def resolve_request(req: PlanRequest) -> PlanRequest:
     """
     spec = load_model(req.model)  # fail early with a clear message
     hw = load_hardware(req.catalog, req.prices)
-    if spec.max_context and req.ctx > spec.max_context:
+    if spec.max_context and req.ctx is not None and req.ctx > spec.max_context:
         raise UserError(f"--ctx: {req.ctx} tokens exceeds {spec.name}'s max_position_embeddings "
                         f"({spec.max_context})")
+    req = request.with_model_window(req, spec.max_context)
     if req.gpus:
         ids = tuple(dict.fromkeys(hw.resolve(g).id for g in req.gpus))
     else:
@@ -138,7 +139,7 @@ def _infeasible_reason(ctx, jobs: int) -> str:
     relaxed = run_search(ctx, jobs=jobs, slo_ms=float("inf"), latency_objective=True)
     if relaxed.best is None:
         seq = ctx.seq
-        kv = seq.kv_bytes(req.ctx) / 2**30
+        kv = seq.kv_bytes(req.context_tokens) / 2**30
         w = seq.weight_bytes() / 2**30
         budget = req.max_gpus
         arr = ctx.arrays
@@ -146,11 +147,12 @@ def _infeasible_reason(ctx, jobs: int) -> str:
         best_bytes, best_cfg = max(usable, key=lambda x: x[0], default=(0.0, None))
         group = f"{best_cfg.gpu.id} x{best_cfg.parallel.tp}" if best_cfg else "none"
         return (f"no memory-feasible plan within {budget} GPUs: weights are {w:.1f} GiB and one "
-                f"request's KV/state at {req.ctx} tokens is {kv:.2f} GiB, while the largest device "
+                f"request's KV/state at {req.context_tokens} tokens is {kv:.2f} GiB, while the largest device "
                 f"group allowed ({group}) has {best_bytes / 2**30:.0f} GiB usable after the per-GPU reserve "
                 f"(policy {req.policy.value})")
     fastest = relaxed.best.t_rtt_us / 1e3
-    return (f"the lowest achievable TPOT is {fastest:.1f} ms > SLO {req.slo_ms:g} ms "
+    what = "TPOT" if not req.stochastic else f"p{req.percentile:g} step TPOT"
+    return (f"the lowest achievable {what} is {fastest:.1f} ms > SLO {req.slo_ms:g} ms "
             f"(policy {req.policy.value}, GPUs {','.join(req.gpus)})")
 
 
@@ -190,6 +192,7 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
         schema_version_for,
         search_stats,
         with_alternatives,
+        workload_record,
     )
     from opweave_planner.search.driver import make_context, run_search
 
@@ -198,8 +201,11 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
     stats = search_stats(req, outcome)
     if outcome.best is None:
         reason = _infeasible_reason(ctx, jobs)
-        return None, Infeasible(schema_version=schema_version_for(stats.space), model=ctx.seq.model.name,
-                                workload=Workload(context_tokens=req.ctx, tpot_slo_ms=req.slo_ms),
+        dist = workload_record(req, ctx.arrays)
+        return None, Infeasible(schema_version=schema_version_for(stats.space, distribution=dist is not None),
+                                model=ctx.seq.model.name,
+                                workload=Workload(context_tokens=req.context_tokens, tpot_slo_ms=req.slo_ms,
+                                                  distribution=dist),
                                 policy=str(req.policy.value), reason=reason)
 
     def build(cand):

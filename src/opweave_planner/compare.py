@@ -160,9 +160,15 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
     if not slo_list:
         raise UserError("--slo: expected at least one SLO, e.g. 25ms,60ms")
     nets = list(networks) if networks else [(None, None)]
+    # with a workload, each context is the stationary mean the trace is rescaled to (--scale-ctx)
+    traffic = settings.get("workload") is not None
+
+    def at(ctx) -> dict[str, Any]:
+        return {"ctx": None, "scale_ctx": int(ctx)} if traffic else {"ctx": int(ctx)}
+
     # resolve GPU ids once (validates names; default = every profiled type)
-    probe = api.make_request(model=model, slo=float(slo_list[0]), ctx=int(ctx_list[0]), gpus=gpus,
-                             policy=pols[0], **settings)
+    probe = api.make_request(model=model, slo=float(slo_list[0]), gpus=gpus, policy=pols[0],
+                             **{**settings, **at(ctx_list[0])})
     gpu_ids = list(probe.gpus)
     hetero = len(gpu_ids) > 1 and homogeneous and "opweave" in pols
 
@@ -170,7 +176,7 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
         # validated like any request (a cad cell under --max-gpus 1 names the GPU budget)
         from opweave_planner.inputs.request import make_request
 
-        return make_request(**{**probe.model_dump(), "slo": float(slo), "ctx": int(ctx), "gpus": tuple(gpus),
+        return make_request(**{**probe.model_dump(), "slo": float(slo), **at(ctx), "gpus": tuple(gpus),
                                "policy": policy, "network_bandwidth": gbps, "network_latency": lat})
 
     # every independent search of the grid, in a fixed order; run them through one executor
@@ -190,8 +196,8 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
                 todo.append(req)
     if progress:
         progress(f"{len(todo)} searches on {executor_label(jobs, ray_address)}")
-    keys = [f"{r.model} {units.label_tokens(r.ctx)} {r.slo_ms:g}ms {r.policy.value} {'+'.join(r.gpus)}"
-            for r in todo]
+    keys = [f"{r.model} {units.label_tokens(r.ctx or r.scale_ctx)} {r.slo_ms:g}ms {r.policy.value} "
+            f"{'+'.join(r.gpus)}" for r in todo]
     finished = [0]
 
     def on_result(res) -> None:

@@ -107,6 +107,11 @@ def parse_plan(obj: Any, where: str) -> Plan | Infeasible:
 
 # where each request setting lives in a plan file (for errors about a recorded value)
 _RECORDED_AT = {"--slo": "workload.tpot_slo_ms", "--ctx": "workload.context_tokens", "--policy": "policy",
+                "--workload": "workload.distribution.workload", "--scale-ctx": "workload.distribution.scale_ctx",
+                "--max-model-len": "workload.distribution.max_model_len",
+                "--slo-percentile": "workload.distribution.slo_percentile",
+                "--kv-quantile": "workload.distribution.kv_quantile",
+                "--scenarios": "workload.distribution.scenarios", "--seed": "workload.distribution.seed",
                 "--network-bandwidth": "provenance.network.inter_node_gbps",
                 "--network-latency": "provenance.network.inter_node_latency_us",
                 "--backend": "provenance.backend", "--model": "model"}
@@ -116,8 +121,12 @@ def check_recorded_request(doc: Plan | Infeasible, where: str) -> None:
     """The request a plan records must itself be valid (simulate and regen rebuild it)."""
     from opweave_planner.inputs.request import flag_of, space_fields
 
+    # a workload's trace may live elsewhere on this machine (simulate asks for it); the rest of
+    # the request is checked at the plan's longest context
+    dist = doc.workload.distribution
+    fixed = {} if dist is None else {"ctx": doc.workload.context_tokens}
     try:
-        recorded_request(doc)
+        recorded_request(doc, **fixed)
     except UserError as exc:
         text = str(exc)
         at = {**_RECORDED_AT, **{flag_of(n): f"search.space.{n}" for n in space_fields()}}
@@ -308,6 +317,7 @@ class Evaluation:
             "workload": p.workload.model_dump(),
             "usd_per_million_tokens": p.usd_per_million_tokens,
             "tpot_ms": p.tpot_ms,
+            "tpot": None if p.tpot is None else p.tpot.model_dump(),
             "meets_slo": self.meets_slo,
             "fits_memory": self.fits_memory,
             "gpus_total": p.gpus_total,
@@ -368,13 +378,31 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     model = getattr(plan, "model_source", None) or plan.model
     values: dict[str, Any] = {"model": model, "slo": plan.workload.tpot_slo_ms,
                               "ctx": plan.workload.context_tokens, "policy": plan.policy}
+    dist = plan.workload.distribution
+    if dist is not None:
+        values.update(ctx=None, workload=dist.workload, scale_ctx=dist.scale_ctx, max_model_len=dist.max_model_len,
+                      overflow=dist.overflow, slo_percentile=dist.slo_percentile, kv_quantile=dist.kv_quantile,
+                      scenarios=dist.scenarios, seed=dist.seed)
     if isinstance(plan, Plan):
         values.update(plan.search.space.model_dump())
         net = plan.provenance.network
         values.update(backend=plan.provenance.backend, network_bandwidth=net.get("inter_node_gbps"),
                       network_latency=net.get("inter_node_latency_us"))
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "ctx" in given:  # re-evaluate at one fixed context: drop the recorded workload settings
+        for key in WORKLOAD_SETTINGS:
+            values.pop(key, None)
+    elif "workload" in given:  # another workload: its own shaping, the plan's percentile settings
+        values.pop("ctx", None)
+        for key in ("scale_ctx", "max_model_len", "overflow"):
+            values.pop(key, None)
+    values.update(given)
     return make_request(**values)
+
+
+# the request settings that describe a workload (recorded under workload.distribution)
+WORKLOAD_SETTINGS = ("workload", "scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile",
+                     "scenarios", "seed")
 
 
 def plan_selection(plan: Plan, arrays, where: str, model_name: str):
@@ -397,20 +425,20 @@ def plan_selection(plan: Plan, arrays, where: str, model_name: str):
     return selection(plan.global_batch, plan.microbatches, cfg, [o.replicas for o in plan.owners], mb)
 
 
-def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evaluation:
-    """Re-simulate `plan`'s placement (no search) under new prices / network / profiles.
-
-    `overrides` are PlanRequest settings (prices, catalog, profiles, network_bandwidth,
-    network_latency, model). Defaults are the plan's own recorded prices and network, the
-    shipped catalog and profiles, so an unchanged plan under unchanged inputs reproduces its
-    figures exactly.
-    """
+def plan_context(plan: Plan, *, where: str = "plan", **overrides: Any):
+    """(Context, template, Selection) of `plan`'s placement under its recorded request and
+    `overrides`: the configuration arrays of exactly its owners, for `simulate` and replays."""
     from opweave_planner.inputs.model import load_model
-    from opweave_planner.plan import build_plan
+    from opweave_planner.inputs.request import with_model_window
     from opweave_planner.search.arrays import build_arrays
     from opweave_planner.search.driver import Context
     from opweave_planner.structure.operators import build_sequence
 
+    dist = plan.workload.distribution
+    if (dist is not None and overrides.get("workload") is None and overrides.get("ctx") is None
+            and ":" not in dist.workload and not Path(dist.workload).is_file()):
+        raise UserError(f"{where}: the plan's workload {dist.workload} is not on this machine; pass "
+                        f"--workload FILE (its sha256 was {dist.sha256}) or --ctx")
     req = recorded_request(plan, **overrides)
     try:
         spec = load_model(req.model)
@@ -419,10 +447,10 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evalu
             raise
         raise UserError(f"{where}: the plan's model '{plan.model}' cannot be loaded ({exc}); "
                         f"pass --model") from None
+    req = with_model_window(req, spec.max_context)
     seq = build_sequence(spec)
     tmpl = check_against_model(plan, seq, where)
     hw = _hardware(plan, req)
-    # the configuration arrays of exactly the plan's owners
     own = req.model_copy(update={
         "gpus": tuple(dict.fromkeys(o.gpu for o in plan.owners)),
         "tensor_parallel_sizes": tuple(sorted({o.tensor_parallel for o in plan.owners})),
@@ -431,7 +459,21 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evalu
         "moe_expert_parallel": any(o.expert_parallel > 1 for o in plan.owners)})
     arrays = build_arrays(seq, hw, own)
     sel = plan_selection(plan, arrays, where, seq.model.name)
-    new, ev = build_plan(Context(own, hw, seq, arrays, [tmpl]), tmpl, sel, plan.search)
+    return Context(own, hw, seq, arrays, [tmpl]), tmpl, sel
+
+
+def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evaluation:
+    """Re-simulate `plan`'s placement (no search) under new prices / network / profiles / traffic.
+
+    `overrides` are PlanRequest settings (prices, catalog, profiles, network_bandwidth,
+    network_latency, model, ctx, workload and its settings). Defaults are the plan's own
+    recorded prices, network and workload, the shipped catalog and profiles, so an unchanged
+    plan under unchanged inputs reproduces its figures exactly.
+    """
+    from opweave_planner.plan import build_plan
+
+    ctx, tmpl, sel = plan_context(plan, where=where, **overrides)
+    new, ev = build_plan(ctx, tmpl, sel, plan.search)
     memory = [(float(n), float(u)) for n, u in zip(ev.memory_need, ev.memory_usable, strict=True)]
     changed = [label for key, label in _PROVENANCE_INPUTS
                if getattr(plan.provenance, key) != getattr(new.provenance, key)]

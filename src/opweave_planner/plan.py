@@ -22,7 +22,7 @@ from opweave_planner.data import profiles_root
 from opweave_planner.report import dumps
 from opweave_planner.sizing import Deployment
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 # Keys added after 1.0, with the MINOR that introduced them: a file is stamped with the lowest
 # version whose schema covers the keys it actually carries, so old readers keep reading it.
 _MINOR_KEYS = (("max_stages", 2), ("max_nodes", 2), ("gpus_per_node", 2), ("memory_headroom", 2),
@@ -49,11 +49,65 @@ def _f(description: str, **kw):
     return Field(description=description, **kw)
 
 
+class Distribution(_Frozen):
+    """The request-length workload a plan was made for (schema 1.3): where it came from, how it
+    was shaped, its stationary decode context, and the settings of the percentile objective."""
+
+    workload: str = _f("The --workload value: a trace or law file (absolute path) or an inline law")
+    source: Literal["trace", "law"] = _f("A request trace, or a parametric law")
+    format: str | None = _f("Trace format recognised from its header (azure, burstgpt, mooncake, vidur, "
+                            "plain)", default=None)
+    sha256: str | None = _f("SHA-256 of the trace file", default=None)
+    rows: Count | None = _f("Requests in the trace file", default=None)
+    requests: Count | None = _f("Requests kept after --max-model-len", default=None)
+    clipped: Count | None = _f("Requests whose output --max-model-len clipped", default=None)
+    dropped: Count | None = _f("Requests --max-model-len dropped", default=None)
+    prompt: str | None = _f("Prompt-length law (a law)", default=None)
+    output: str | None = _f("Output-length law (a law)", default=None)
+    clipped_mass: float | None = _f("Probability mass clipped by --max-model-len (a law)", default=None, ge=0)
+    dropped_mass: float | None = _f("Probability mass dropped by --max-model-len (a law)", default=None, ge=0)
+    scale_ctx: StrictInt | None = _f("--scale-ctx: target stationary mean context, tokens", default=None)
+    prompt_scale: float = _f("Factor applied to prompt lengths for --scale-ctx (1: none)", gt=0)
+    max_model_len: StrictInt | None = _f("Longest request admitted (prompt + output), tokens", default=None)
+    overflow: Literal["clip", "drop"] = _f("What --max-model-len did to longer requests")
+    theta: float = _f("Stationary mean decode context θ, tokens (what a random decode step sees)", ge=0)
+    nu: float = _f("Its standard deviation ν, tokens", ge=0)
+    cv: float = _f("ν / θ", ge=0)
+    naive_mean: float = _f("Arrival average prompt mean + output mean / 2, tokens (not what decode sees)",
+                           ge=0)
+    mean_prompt: float = _f("Mean prompt length of the kept requests, tokens", ge=0)
+    mean_output: float = _f("Mean output length of the kept requests, tokens", ge=0)
+    max_context: StrictInt = _f("Longest context a request reaches, tokens", ge=1)
+    context_quantiles: dict[str, Count] = _f("Quantiles of the stationary decode context, tokens")
+    slo_percentile: float = _f("Percentile of step TPOT held to the SLO", gt=0, lt=100)
+    kv_quantile: float = _f("Quantile of a replica's summed KV/state its memory is sized for", gt=0, lt=1)
+    scenarios: StrictInt = _f("Sampled snapshots of the resident contexts the TPOT figures come from", ge=1)
+    seed: Count = _f("Seed of those snapshots")
+    context_knots: StrictInt = _f("Contexts at which stage latencies were looked up (linear between them)",
+                                  ge=2)
+
+
 class Workload(_Frozen):
     """The request the plan serves."""
 
-    context_tokens: StrictInt = _f("Context length per request, tokens (KV/state is sized for it)", ge=1)
+    context_tokens: StrictInt = _f("Context length per request that KV/state must fit, tokens (a workload: "
+                                   "its longest context, what a runtime's max-model-len must admit)", ge=1)
     tpot_slo_ms: float = _f("Time-per-output-token SLO, milliseconds", gt=0)
+    distribution: Distribution | None = _f("The request-length workload (absent: every request at "
+                                           "context_tokens); added in schema 1.3", default=None)
+
+
+class TpotStats(_Frozen):
+    """Step TPOT over the workload's scenarios (schema 1.3). `tpot_ms` is the `percentile`."""
+
+    percentile: float = _f("The percentile tpot_ms reports (the SLO is held there)", gt=0, lt=100)
+    mean_ms: float = _f("Mean step TPOT (the cost per token uses it: throughput is B / mean)", gt=0)
+    p50_ms: float = _f("Median step TPOT", gt=0)
+    p95_ms: float = _f("95th percentile step TPOT", gt=0)
+    p99_ms: float = _f("99th percentile step TPOT", gt=0)
+    max_ms: float = _f("Slowest sampled step", gt=0)
+    at_mean_context_ms: float = _f("Round trip with every request at θ (what the stage figures show)", gt=0)
+    samples: StrictInt = _f("Periods sampled: scenarios, times replicas for a one-owner plan", ge=1)
 
 
 class OwnerOut(_Frozen):
@@ -182,7 +236,9 @@ class Plan(_Frozen):
     workload: Workload
     policy: PolicyName = _f("Plan family searched: opweave, colocated, afd or cad")
     usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)
-    tpot_ms: float = _f("Steady-state time per output token (decode round trip), milliseconds", gt=0)
+    tpot_ms: float = _f("Steady-state time per output token (decode round trip), milliseconds; with a "
+                        "workload distribution, its SLO percentile of step TPOT (see tpot)", gt=0)
+    tpot: TpotStats | None = _f("Step TPOT distribution under the workload; added in schema 1.3", default=None)
     microbatches: StrictInt = _f("Microbatches in flight per replica (mu)", ge=1)
     global_batch: StrictInt = _f("Requests decoding concurrently across the plan (B)", ge=1)
     gpus_total: StrictInt = _f("GPUs in the plan: sum over owners of replicas x tensor_parallel", ge=1)
@@ -267,10 +323,12 @@ def space_record(req) -> SpaceOut:
     return SpaceOut(**{**req.space_record(), "gpus": list(req.gpus)})
 
 
-def schema_version_for(space: SpaceOut, alternatives: bool = False) -> str:
+def schema_version_for(space: SpaceOut, alternatives: bool = False, distribution: bool = False) -> str:
     """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction; 1.2:
-    alternatives, model_source and the deployment constraints; `alternatives` says a 1.2
-    key outside the searched space is present)."""
+    alternatives, model_source and the deployment constraints; 1.3: a workload distribution;
+    `alternatives` says a 1.2 key outside the searched space is present)."""
+    if distribution:
+        return f"{SCHEMA_MAJOR}.3"
     minor = 2 if alternatives else 1
     for key, since in _MINOR_KEYS:
         if getattr(space, key) is not None:
@@ -290,7 +348,7 @@ def with_alternatives(plan: Plan, named: dict[str, Plan]) -> Plan:
         tpot_delta_pct=_pct(p.tpot_ms, plan.tpot_ms), num_stages=p.num_stages, gpus_total=p.gpus_total,
         plan=p) for name, p in named.items()}
     return plan.model_copy(update={"alternatives": alts, "schema_version": schema_version_for(
-        plan.search.space, alternatives=True)})
+        plan.search.space, alternatives=True, distribution=plan.workload.distribution is not None)})
 
 
 class CriticalResource(IntEnum):
@@ -367,12 +425,13 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     source = seq.model.source if seq.model.source.startswith("/") else None
     splan, prob = ctx.problem(template, batches=(sel.batch,))
     ev = evaluate(prob, sel)
+    dist = workload_record(req, ctx.arrays)
     if scored_t_rtt_us is not None and abs(ev.t_rtt - scored_t_rtt_us) > 1e-9 * abs(scored_t_rtt_us):
         raise AssertionError(f"plan TPOT {ev.t_rtt} us differs from the searched {scored_t_rtt_us} us")
     s, k, mu = splan.n_stages, prob.k, sel.mu
     owners = _owners(ctx, splan, sel, ev)
     gpus_total = sum(o.replicas * o.tensor_parallel for o in owners)
-    usd_per_mtok = ev.t_rtt * ev.rate / 3.6e9 * 1e6
+    usd_per_mtok = ev.cost / 3.6e9 * 1e6
     cut_ops = ([seq.ops[splan.ops[0][0]].name] if s == 1
                else [f"layer+{offset}.{SLOTS[slot]}" for offset, slot in splan.cut_keys])
     # scoped to the searched types and the plan's own (the same set unless a file was edited):
@@ -380,10 +439,12 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     prov = provenance(ctx.hw, seq, [*search.space.gpus, *(o.gpu for o in owners)], req.profiles, req.backend)
     order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(prob.stage_owner, mu, k)]
     return Plan(
-        schema_version=schema_version_for(search.space, alternatives=source is not None),
+        schema_version=schema_version_for(search.space, alternatives=source is not None,
+                                          distribution=dist is not None),
         model=seq.model.name, model_source=source,
-        workload=Workload(context_tokens=req.ctx, tpot_slo_ms=req.slo_ms),
+        workload=Workload(context_tokens=req.context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist),
         policy=str(req.policy.value), usd_per_million_tokens=_round(usd_per_mtok), tpot_ms=_round(ev.t_rtt / 1e3),
+        tpot=None if dist is None else tpot_stats(ev, req.percentile),
         microbatches=mu, global_batch=sel.batch, gpus_total=gpus_total, num_stages=s,
         owners=owners,
         template=TemplateOut(subblock_layers=template.lsub, cut_positions=list(template.cuts),
@@ -393,6 +454,24 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
         search=search,
         provenance=prov,
     ), ev
+
+
+def workload_record(req, arrays) -> Distribution | None:
+    """What the plan records about its workload (None: a fixed context)."""
+    if not req.stochastic:
+        return None
+    d = req.traffic().describe()
+    d.pop("path", None)
+    return Distribution(workload=req.workload, slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
+                        scenarios=req.scenarios, seed=req.seed, context_knots=int(arrays.knots.size),
+                        **{k: (_round(v) if isinstance(v, float) else v) for k, v in d.items()})
+
+
+def tpot_stats(ev, percentile: float) -> TpotStats:
+    ms = [_round(ev.percentile(q) / 1e3) for q in (0.5, 0.95, 0.99)]
+    return TpotStats(percentile=percentile, mean_ms=_round(ev.t_mean / 1e3), p50_ms=ms[0], p95_ms=ms[1],
+                     p99_ms=ms[2], max_ms=_round(float(ev.samples[-1]) / 1e3),
+                     at_mean_context_ms=_round(ev.t_show / 1e3), samples=int(ev.samples.size))
 
 
 def search_stats(req, outcome) -> SearchStats:

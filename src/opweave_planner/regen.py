@@ -25,8 +25,10 @@ Every key other than the axes and `entry` is a PlanRequest setting under its one
 CLI flag without dashes: `max_gpus` for `--max-gpus`), at the top (every entry) or in an
 entry; `[space]` tables are accepted for matrices written before settings were unified.
 
-Each entry becomes `<out>/<model>_ctx<ctx>_slo<slo>_<gpu+gpu>_<policy>.json` (a plan, or an
-infeasibility record). Files are compared byte for byte and rewritten atomically only when
+An entry gives `contexts` (fixed context lengths) or `workloads` (trace or law files relative
+to the matrix, or inline laws; `scale_ctx`, `slo_percentile`, ... as settings). Each entry
+becomes `<out>/<model>_ctx<ctx>_slo<slo>_<gpu+gpu>_<policy>.json` (a workload:
+`..._wl-<file stem>[-scale<ctx>]_...`), a plan or an infeasibility record. Files are compared byte for byte and rewritten atomically only when
 different. Exit status: 1 when any file was written or removed, 0 when none, 2 on bad input or
 when an entry still failed after its retries (the others are written all the same).
 
@@ -233,19 +235,39 @@ def _settings(obj: Any, where: str, base: Path, allowed: tuple[str, ...]) -> dic
     return out
 
 
+def _length_label(req) -> str:
+    """ctx32k, or for a workload wl-<file stem>[-scale32k]."""
+    from opweave_planner.inputs.units import label_tokens
+
+    if req.workload is None:
+        return f"ctx{label_tokens(req.ctx)}"
+    stem = Path(req.workload).stem if Path(req.workload).is_file() else req.workload
+    scale = "" if req.scale_ctx is None else f"-scale{label_tokens(req.scale_ctx)}"
+    return _safe(f"wl-{stem}{scale}")
+
+
 def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> list[tuple[str, Any, str]]:
     """(file name, request, label) for every combination of one [[entry]]."""
     from opweave_planner import api
     from opweave_planner.inputs.model import load_model
-    from opweave_planner.inputs.units import label_tokens
 
     if not isinstance(entry, dict):
         raise UserError(f"{ew}: must be a table")
-    missing = [k for k in AXES if k not in entry]
+    if ("contexts" in entry) == ("workloads" in entry):
+        raise UserError(f"{ew}: give contexts (fixed context lengths) or workloads (trace or law files), "
+                        f"one of them")
+    axes = dict(AXES)
+    if "workloads" in entry:
+        axes.pop("contexts")
+        axes["workloads"] = "workload"
+    missing = [k for k in axes if k not in entry]
     if missing:
         raise UserError(f"{ew}: missing {', '.join(missing)}")
-    lists = {k: _list(entry[k], k, ew) for k in AXES}
-    rest = {k: v for k, v in entry.items() if k not in AXES and k != "space"}
+    lists = {k: _list(entry[k], k, ew) for k in axes}
+    if "workloads" in lists:  # files relative to the matrix; an inline law as written
+        lists["contexts"] = [str((base / w).resolve()) if (base / str(w)).is_file() else str(w)
+                             for w in lists.pop("workloads")]
+    rest = {k: v for k, v in entry.items() if k not in axes and k != "space"}
     settings = {**common, **_settings(entry.get("space", {}), f"{ew}: space", base, _settings_keys()),
                 **_settings(rest, ew, base, _settings_keys())}
     out = []
@@ -255,13 +277,14 @@ def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> lis
                 for gpus in lists["gpus"]:
                     for policy in lists["policies"]:
                         label = f"{ew} ({model}, {ctx}, {slo}, {gpus}, {policy})"
+                        length = {"workload": ctx} if "workloads" in entry else {"ctx": ctx}
                         try:
-                            req = api.make_request(model=str(model), ctx=ctx, slo=str(slo), gpus=str(gpus),
-                                                   policy=str(policy), **settings)
+                            req = api.make_request(model=str(model), slo=str(slo), gpus=str(gpus),
+                                                   policy=str(policy), **{**settings, **length})
                             name = load_model(req.model).name
                         except UserError as exc:
                             raise UserError(f"{label}: {exc}") from None
-                        out.append((f"{_safe(name)}_ctx{label_tokens(req.ctx)}_slo{req.slo_ms:g}ms_"
+                        out.append((f"{_safe(name)}_{_length_label(req)}_slo{req.slo_ms:g}ms_"
                                     f"{'+'.join(req.gpus)}_{req.policy.value}.json", req, label))
     return out
 

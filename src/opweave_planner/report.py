@@ -157,12 +157,29 @@ def data_quality_warning(chosen_gpus: Iterable[str], unmeasured_gpus: Iterable[s
     return "warning: " + "; ".join(parts) if parts else None
 
 
+def workload_words(wl: Any) -> str:
+    """'@ 32768 tokens', or for a workload '@ workload θ 32.8k (CV 0.92, max 131071)'."""
+    dist = _get(wl, "distribution")
+    if not dist:
+        return f"@ {_get(wl, 'context_tokens')} tokens"
+    return (f"@ workload θ {_get(dist, 'theta') / 1e3:.1f}k tokens (CV {_get(dist, 'cv'):.2f}, max "
+            f"{_get(wl, 'context_tokens')})")
+
+
+def tpot_words(plan: Any) -> str:
+    """'TPOT 28.14 ms', or 'p95 TPOT 25.63 ms (mean 23.55)' for a workload plan."""
+    stats = _get(plan, "tpot")
+    if not stats:
+        return f"TPOT {_get(plan, 'tpot_ms'):.2f} ms"
+    return f"p{_get(stats, 'percentile'):g} TPOT {_get(plan, 'tpot_ms'):.2f} ms (mean {_get(stats, 'mean_ms'):.2f})"
+
+
 def plan_headline(plan: Any) -> str:
     wl = _get(plan, "workload")
     owners = _get(plan, "owners") or []
-    return (f"{_get(plan, 'model')} @ {_get(wl, 'context_tokens')} tokens, SLO {_get(wl, 'tpot_slo_ms'):g} ms, "
+    return (f"{_get(plan, 'model')} {workload_words(wl)}, SLO {_get(wl, 'tpot_slo_ms'):g} ms, "
             f"policy {_get(plan, 'policy')}: {_get(plan, 'usd_per_million_tokens'):.4f} USD/M tokens, "
-            f"TPOT {_get(plan, 'tpot_ms'):.2f} ms, {_get(plan, 'gpus_total')} GPUs ({gpu_mix(owners)}), "
+            f"{tpot_words(plan)}, {_get(plan, 'gpus_total')} GPUs ({gpu_mix(owners)}), "
             f"{_get(plan, 'num_stages')} stages, B={_get(plan, 'global_batch')}, "
             f"mu={_get(plan, 'microbatches')}")
 

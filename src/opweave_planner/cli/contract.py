@@ -32,7 +32,9 @@ def schema_cmd(
         _emit(data)
 
 
-SIMULATE_OVERRIDES = ("prices", "catalog", "profiles", "network_bandwidth", "network_latency", "model")
+SIMULATE_OVERRIDES = ("prices", "catalog", "profiles", "network_bandwidth", "network_latency", "model", "ctx",
+                      "workload", "scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile",
+                      "scenarios", "seed")
 
 
 @with_settings(SIMULATE_OVERRIDES)
@@ -42,8 +44,9 @@ def simulate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Emit JSON (the plan's own key names)"),
     settings: dict | None = None,  # (overrides of the plan's recorded request)
 ) -> None:
-    """Re-evaluate a plan under new prices, network or profiles without searching (each
-    setting defaults to what the plan recorded; --prices overrides only the GPUs it names).
+    """Re-evaluate a plan under new prices, network, profiles or traffic without searching (each
+    setting defaults to what the plan recorded; --prices overrides only the GPUs it names;
+    --workload or --ctx checks the same placement against other request lengths).
 
     Exit 0 when it still meets its SLO and fits memory, 1 when it does not, 2 on bad input.
     """
@@ -65,11 +68,14 @@ def simulate_cmd(
         def pct(a: float, b: float) -> str:
             return f" ({(b / a - 1) * 100:+.2f}%)" if a else ""
 
-        print(f"{info['model']} @ {w['context_tokens']} tokens, SLO {w['tpot_slo_ms']:g} ms, policy {info['policy']}, "
+        from opweave_planner.report import workload_words
+
+        print(f"{info['model']} {workload_words(w)}, SLO {w['tpot_slo_ms']:g} ms, policy {info['policy']}, "
               f"{info['gpus_total']} GPUs")
         print(f"  cost: {old['usd_per_million_tokens']:.6g} -> {new['usd_per_million_tokens']:.6g} USD per million "
               f"tokens{pct(old['usd_per_million_tokens'], new['usd_per_million_tokens'])}")
-        print(f"  TPOT: {old['tpot_ms']:.6g} -> {new['tpot_ms']:.6g} ms{pct(old['tpot_ms'], new['tpot_ms'])}")
+        label = f"p{new['tpot']['percentile']:g} TPOT" if new.get("tpot") else "TPOT"
+        print(f"  {label}: {old['tpot_ms']:.6g} -> {new['tpot_ms']:.6g} ms{pct(old['tpot_ms'], new['tpot_ms'])}")
         print(f"  meets SLO: {'yes' if info['meets_slo'] else 'NO'}; fits memory: "
               f"{'yes' if info['fits_memory'] else 'NO'}")
         for o in info["owners"]:

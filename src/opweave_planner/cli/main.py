@@ -31,7 +31,8 @@ def main(
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of an internal error"),
     settings: dict | None = None,  # (filled by with_settings from PlanRequest)
 ) -> None:
-    """Emit the cheapest plan whose TPOT meets the SLO (run with --model, --slo and --ctx)."""
+    """Emit the cheapest plan whose TPOT meets the SLO (run with --model, --slo and --ctx, or
+    --workload TRACE for request-length traffic: the SLO then holds at p95 step TPOT)."""
     if version:
         from opweave_planner import __version__
 
@@ -42,12 +43,14 @@ def main(
     from opweave_planner.errors import UserError
 
     required = (("--model", "model"), ("--slo", "slo"), ("--ctx", "ctx"))
-    missing = [flag for flag, name in required if settings[name] is None]
+    missing = [flag for flag, name in required if settings[name] is None
+               and not (name == "ctx" and settings["workload"] is not None)]
     if len(missing) == 3 and not any(v is not None for v in settings.values()):
         print(cli.get_help())
         raise typer.Exit(0)
     if missing:
-        raise UserError(f"{', '.join(missing)} required; e.g. opweave-plan --model gemma-3-27b --slo 60ms --ctx 32k")
+        raise UserError(f"{', '.join(missing)} required; e.g. opweave-plan --model gemma-3-27b --slo 60ms --ctx 32k "
+                        f"(or --workload TRACE instead of --ctx)")
     if fmt not in ("json", "table"):
         raise UserError(f"--format: '{fmt}' unknown; expected json or table")
     if jobs < 1:

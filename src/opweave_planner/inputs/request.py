@@ -9,6 +9,7 @@ flag. Adding a setting means adding a field here and using it where it acts.
 
 from __future__ import annotations
 
+import functools
 import math
 from enum import StrEnum
 from typing import Any
@@ -55,8 +56,26 @@ class PlanRequest(BaseModel):
                           flags=("--model", "-m"), default=...)
     slo: float = _setting("TPOT SLO with a unit: 60ms, 0.06s, 60000us (stored in milliseconds)",
                           default=..., cli="str")
-    ctx: int = _setting("Context length in tokens: 32k = 32768, 1.5k = 1536, or 131072",
-                        default=..., cli="str")
+    ctx: int | None = _setting("Context length in tokens, every request at it: 32k = 32768, 1.5k = 1536, or "
+                               "131072 (or give --workload)", cli="str")
+    workload: str | None = _setting(
+        "Request lengths instead of one --ctx: a trace (Azure or BurstGPT CSV, Mooncake JSONL, Vidur CSV, "
+        "prompt_tokens,output_tokens CSV), a law .toml, or inline 'lognormal:mean=12k,cv=1.2;"
+        "out=geometric:mean=300'; the SLO then holds at --slo-percentile and memory at --kv-quantile")
+    scale_ctx: int | None = _setting("Rescale the workload's prompts so that the stationary mean decode context "
+                                     "is this many tokens (32k)", cli="str")
+    max_model_len: int | None = _setting("Longest request (prompt + output) the runtime admits; longer "
+                                         "workload requests are clipped or dropped (--overflow)", cli="str")
+    overflow: str = _setting("What --max-model-len does to a longer request: clip its output, or drop it",
+                             default="clip")
+    slo_percentile: float | None = _setting("Percentile of step TPOT that must meet the SLO (with --workload; "
+                                            "default 95)", cli="str")
+    kv_quantile: float = _setting("Quantile of a replica's summed KV/state that its memory is sized for "
+                                  "(with --workload)", default=0.999, cli="str")
+    scenarios: int = _setting("Sampled snapshots of the resident contexts a plan is evaluated on "
+                              "(with --workload)", default=256, ge=16, le=65536)
+    seed: int = _setting("Seed of those snapshots (same seed: same snapshots, same plan bytes)", default=0,
+                         ge=0, le=2**63 - 1)
     gpus: tuple[str, ...] = _setting(
         "GPU types: h100 (homogeneous) or h100,a100 (any mix); default: every profiled type",
         default=(), cli="str", space=True)
@@ -127,10 +146,43 @@ class PlanRequest(BaseModel):
             return float(v)
         return units.parse_duration_ms(v, "--slo")
 
-    @field_validator("ctx", mode="before")
+    @field_validator("ctx", "scale_ctx", "max_model_len", mode="before")
     @classmethod
-    def _ctx(cls, v: Any) -> int:
-        return units.parse_tokens(v, "--ctx")
+    def _tokens(cls, v: Any, info) -> int | None:
+        return None if v is None else units.parse_tokens(v, flag_of(info.field_name))
+
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _workload(cls, v: Any) -> str | None:
+        if v is None:
+            return None
+        from pathlib import Path
+
+        text = str(v).strip()
+        path = Path(text).expanduser()
+        return str(path.resolve()) if path.is_file() else text  # a file is recorded by absolute path
+
+    @field_validator("overflow", mode="before")
+    @classmethod
+    def _overflow(cls, v: Any) -> str:
+        text = str(v).strip().lower()
+        if text not in ("clip", "drop"):
+            raise UserError(f"--overflow: '{v}' unknown; expected clip or drop")
+        return text
+
+    @field_validator("slo_percentile", mode="before")
+    @classmethod
+    def _percentile(cls, v: Any) -> float | None:
+        from opweave_planner.inputs.workload import parse_percentile
+
+        return None if v is None else parse_percentile(v, "--slo-percentile")
+
+    @field_validator("kv_quantile", mode="before")
+    @classmethod
+    def _kv_quantile(cls, v: Any) -> float:
+        from opweave_planner.inputs.workload import parse_quantile
+
+        return parse_quantile(v, "--kv-quantile")
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -208,8 +260,8 @@ class PlanRequest(BaseModel):
             raise UserError(f"--memory-reserve-gb: '{v}' must be a finite number of GiB")
         return v
 
-    @field_validator("max_owners", "max_microbatches", "max_replicas", "max_gpus", "max_stages",
-                     mode="before")
+    @field_validator("max_owners", "max_microbatches", "max_replicas", "max_gpus", "max_stages", "scenarios",
+                     "seed", mode="before")
     @classmethod
     def _whole(cls, v: Any, info) -> Any:
         if isinstance(v, bool):  # pydantic would read true as 1
@@ -233,6 +285,22 @@ class PlanRequest(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _one_workload(self) -> PlanRequest:
+        if self.ctx is not None and self.workload is not None:
+            raise UserError("--ctx / --workload: give one of them (a fixed context, or request lengths)")
+        if self.ctx is None and self.workload is None:
+            raise UserError("--ctx: required (the context length, e.g. 32k), or give --workload")
+        if self.ctx is not None:
+            for name in ("scale_ctx", "max_model_len", "slo_percentile"):
+                if getattr(self, name) is not None:
+                    raise UserError(f"{flag_of(name)}: only applies with --workload (--ctx is one fixed context)")
+            if self.overflow != "clip":
+                raise UserError("--overflow: only applies with --workload and --max-model-len")
+        else:
+            self.traffic()  # read and shape the workload once here: a bad trace fails before any search
+        return self
+
+    @model_validator(mode="after")
     def _budget_holds_the_policy(self) -> PlanRequest:
         # every afd / cad plan has two owners of at least one GPU each (max_owners limits
         # only opweave's templates)
@@ -246,6 +314,28 @@ class PlanRequest(BaseModel):
     @property
     def slo_ms(self) -> float:
         return self.slo
+
+    @property
+    def stochastic(self) -> bool:
+        """Planning for a distribution of contexts (--workload), not one --ctx."""
+        return self.workload is not None
+
+    @property
+    def percentile(self) -> float:
+        """The SLO percentile in effect (95 with a workload unless given; 100: a fixed context)."""
+        if self.workload is None:
+            return 100.0
+        return 95.0 if self.slo_percentile is None else self.slo_percentile
+
+    def traffic(self):
+        """The materialised workload (`inputs.workload.Workload`): a fixed context or the
+        stationary decode-context law of the trace / law, read and shaped once per process."""
+        return _traffic(self.ctx, self.workload, self.scale_ctx, self.max_model_len, self.overflow)
+
+    @property
+    def context_tokens(self) -> int:
+        """The context every request must fit: --ctx, or the workload's longest context."""
+        return self.ctx if self.ctx is not None else int(self.traffic().max_context)
 
     @property
     def reserve_gb(self) -> float:
@@ -268,6 +358,27 @@ class PlanRequest(BaseModel):
         out = {name: getattr(self, name) for name in space_fields()}
         out["memory_reserve_gb"] = self.reserve_gb
         return out
+
+
+def with_model_window(req: PlanRequest, max_context: int | None) -> PlanRequest:
+    """A workload without --max-model-len gets the model's window, as a runtime's default does;
+    a larger --max-model-len is an error."""
+    if not req.stochastic or not max_context:
+        return req
+    if req.max_model_len is None:
+        return make_request(**{**dict(req), "max_model_len": max_context})
+    if req.max_model_len > max_context:
+        raise UserError(f"--max-model-len: {req.max_model_len} tokens exceeds the model's "
+                        f"max_position_embeddings ({max_context})")
+    return req
+
+
+@functools.lru_cache(maxsize=16)
+def _traffic(ctx, workload, scale_ctx, max_model_len, overflow):
+    from opweave_planner.inputs.workload import materialize, workload_spec
+
+    return materialize(workload_spec(ctx, workload, scale_ctx=scale_ctx, max_model_len=max_model_len,
+                                     overflow=overflow))
 
 
 def field_meta(name: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba.extending import overload
 
 #: Iterations of the periodicity search before falling back to the cycle-mean computation.
 MAX_ITERATIONS = 64
@@ -43,6 +44,38 @@ CRIT_COMPUTE = 0
 CRIT_EGRESS = 1
 CRIT_INGRESS = 2
 CRIT_LOOP = 3
+
+
+def at(t, j, k):
+    """Compute time of stage j for microbatch k: ``t[j]`` (one time per stage) or ``t[j, k]``
+    (per stage and microbatch: microbatches of different contexts)."""
+    return t[j] if t.ndim == 1 else t[j, k]
+
+
+def stage_work(t, j, mu):
+    """Compute time of stage j summed over the mu microbatches of one iteration."""
+    return mu * t[j] if t.ndim == 1 else float(sum(t[j, k] for k in range(mu)))
+
+
+@overload(at)
+def _at(t, j, k):  # one source; numba compiles the 1-D case with t[j] hoisted out of the k loop
+    if t.ndim == 1:
+        return lambda t, j, k: t[j]
+    return lambda t, j, k: t[j, k]
+
+
+@overload(stage_work)
+def _stage_work(t, j, mu):
+    if t.ndim == 1:
+        return lambda t, j, mu: mu * t[j]
+
+    def per_microbatch(t, j, mu):
+        w = 0.0
+        for k in range(mu):
+            w += t[j, k]
+        return w
+
+    return per_microbatch
 
 
 @numba.njit(cache=True)
@@ -94,6 +127,7 @@ def _one_iteration(owner, t, occ, lat, mu, n_owners, x):
 
     ``x`` = [compute free (K) | egress free (K) | ingress free (K) | ready (mu)], where
     ``ready[k]`` is when microbatch k's input to stage 0 of the next iteration is available.
+    ``t`` is ``[S]`` or ``[S, >= mu]`` (see ``at``).
     """
     S = owner.shape[0]
     K = n_owners
@@ -101,18 +135,17 @@ def _one_iteration(owner, t, occ, lat, mu, n_owners, x):
     for j in range(S):
         o = owner[j]
         o2 = owner[j + 1] if j + 1 < S else owner[0]
-        tj = t[j]
         cf = x[o]  # compute stream of the owner; kept in a register over the k loop
         if o == o2:
             for k in range(mu):
-                cf = max(cf, x[r0 + k]) + tj
+                cf = max(cf, x[r0 + k]) + at(t, j, k)
                 x[r0 + k] = cf
         else:
             ef = max(x[K + o], x[2 * K + o2])  # both endpoints are held together
             oc = occ[j]
             lt = lat[j]
             for k in range(mu):
-                cf = max(cf, x[r0 + k]) + tj
+                cf = max(cf, x[r0 + k]) + at(t, j, k)
                 ef = max(ef, cf) + oc
                 x[r0 + k] = ef + lt
             x[K + o] = ef
@@ -126,7 +159,7 @@ def _work_scale(owner, t, occ, lat, mu):
     S = owner.shape[0]
     w = 0.0
     for j in range(S):
-        w += mu * t[j]
+        w += stage_work(t, j, mu)
         o2 = owner[j + 1] if j + 1 < S else owner[0]
         if owner[j] != o2:
             w += mu * occ[j] + lat[j]
@@ -211,7 +244,7 @@ def transition_matrix(owner, t, occ, lat, mu, n_owners):
                 ef[b] = max(X[K + o, b], X[2 * K + o2, b])
         for k in range(mu):
             for b in range(n):
-                cf[b] = max(X[r0 + k, b], cf[b]) + t[j]
+                cf[b] = max(X[r0 + k, b], cf[b]) + at(t, j, k)
                 if local:
                     X[r0 + k, b] = cf[b]
                 else:
@@ -284,6 +317,14 @@ def simulate_rtt_scratch(owner, t, occ, lat, mu, n_owners, fbuf, ibuf):
     if c == 0:
         return rtt_by_cycle_mean(owner, t, occ, lat, mu, n_owners)
     return rtt
+
+
+@numba.njit(cache=True)
+def simulate_rtt_per_microbatch(owner, t2, occ, lat, mu, n_owners, fbuf, ibuf):
+    """Steady-state period when stage j of microbatch k computes for ``t2[j, k]`` (``[S, >= mu]``):
+    microbatches of different contexts. An iteration still runs every microbatch once, so the
+    period is the time between consecutive tokens of each of them."""
+    return simulate_rtt_scratch(owner, t2, occ, lat, mu, n_owners, fbuf, ibuf)
 
 
 @numba.njit(cache=True)

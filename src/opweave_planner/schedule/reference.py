@@ -67,10 +67,22 @@ def check_inputs(owner, t, occ, lat, mu: int, n_owners: int) -> None:
     for j, o in enumerate(owner):
         if not 0 <= int(o) < n_owners:
             raise ValueError(f"owner[{j}] = {o} is not in 0..{n_owners - 1}")
-    for name, arr in (("t", t), ("occ", occ), ("lat", lat)):
+    for name, arr in (("t", [v for row in t for v in _row(row)]), ("occ", occ), ("lat", lat)):
         for j, v in enumerate(arr):
             if not (math.isfinite(float(v)) and float(v) >= 0.0):
                 raise ValueError(f"{name}[{j}] = {v} must be finite and >= 0")
+
+
+def _row(v) -> list:
+    """A stage's compute times: one number (every microbatch) or one per microbatch (exact
+    numbers such as Fractions stay exact)."""
+    return list(v) if hasattr(v, "__len__") else [v]
+
+
+def compute_time(t, j: int, k: int) -> float:
+    """Stage j's compute time for microbatch k: ``t[j]`` or, per microbatch, ``t[j][k]``."""
+    row = _row(t[j])
+    return row[k] if len(row) > 1 else row[0]
 
 
 def receiver(owner, j: int) -> int:
@@ -171,7 +183,7 @@ def run_iteration(owner, t, occ, lat, mu: int, n_owners: int, state: State) -> S
                 j, k = cq[0]
                 inp = input_time(j, k)
                 if inp is not None:
-                    end = max(inp, free[("compute", o)]) + t[j]
+                    end = max(inp, free[("compute", o)]) + compute_time(t, j, k)
                     free[("compute", o)] = end
                     computed[(j, k)] = end
                     if not is_transfer(owner, j):
@@ -206,7 +218,7 @@ def run_iteration(owner, t, occ, lat, mu: int, n_owners: int, state: State) -> S
 
 def iteration_work(owner, t, occ, lat, mu: int) -> float:
     """mu * (sum t + sum occ) + sum lat over transfers: the scale of one iteration."""
-    w = mu * sum(float(v) for v in t)
+    w = sum(compute_time(t, j, k) for j in range(len(owner)) for k in range(mu))
     for j in range(len(owner)):
         if is_transfer(owner, j):
             w += mu * float(occ[j]) + float(lat[j])

@@ -13,6 +13,7 @@ from opweave_planner.latency.interp import INTERPOLATED
 from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
 from opweave_planner.latency.memory import fixed_costs, usable_bytes
 from opweave_planner.search.problem import PRUNE_EPS, Problem, check_problem, typed
+from opweave_planner.search.traffic import Traffic, build_traffic, kv_parts, lower_tables
 from opweave_planner.structure.operators import OperatorSequence, OpKind
 from opweave_planner.structure.templates import StagePlan, boundary_payload
 
@@ -30,7 +31,8 @@ class SearchArrays:
     pref: np.ndarray  # [C, M, N+1] latency prefix sums, µs
     mpref: np.ndarray  # [C, M, N+1] prefix sums of the latency that comes from measured/interpolated tables
     wpref: np.ndarray  # [C, N+1] per-GPU weight bytes prefix sums
-    kvpref: np.ndarray  # [C, N+1] per-GPU KV/state bytes per request prefix sums
+    kvpref: np.ndarray  # [C, N+1] per-GPU KV bytes per reserved unit (a request; a workload: a token)
+    kvcpref: np.ndarray  # [C, N+1] per-GPU KV/state bytes per request that do not grow (workload)
     moe_pref: np.ndarray  # [N+1] count of routed-expert operators
     cfg_tp: np.ndarray
     cfg_price: np.ndarray
@@ -46,6 +48,13 @@ class SearchArrays:
     bw: float  # inter-node bytes per µs
     lat: float  # inter-node µs
     intra_lat: float  # intra-node µs
+    units: np.ndarray  # [max B + 1] reserved units for n resident requests (Problem.units)
+    knots: np.ndarray  # [G] context knots (a workload; empty for a fixed context)
+    kpref: np.ndarray  # [C, M, G, N+1] latency prefix sums at each knot
+    scen_cs: np.ndarray  # [n, max B + 1] scenarios' cumulative contexts
+    pct: float  # SLO percentile fraction (0: fixed context)
+    theta: float  # stationary mean context (a fixed context: ctx)
+    traffic: Traffic | None = None
 
 
 def node_size(gpu: GpuType, req: PlanRequest) -> int:
@@ -56,7 +65,10 @@ def node_size(gpu: GpuType, req: PlanRequest) -> int:
 def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> SearchArrays:
     """Every (GPU type, TP, expert-parallel) configuration of the request, as arrays."""
     gpus, tps, moe_ep = req.gpus, req.tensor_parallel_sizes, req.moe_expert_parallel
-    context, mb_grid, profiles_dir, backend = req.ctx, req.microbatch_grid(), req.profiles, req.backend
+    mb_grid, profiles_dir, backend = req.microbatch_grid(), req.profiles, req.backend
+    traffic = build_traffic(req) if req.stochastic else None
+    context = req.ctx if traffic is None else max(1, round(traffic.workload.theta))
+    knots = np.zeros(0) if traffic is None else traffic.knots
     has_moe = any(op.kind == OpKind.MOE_UP for op in seq.ops)
     configs = []
     for gid in gpus:
@@ -73,6 +85,8 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
     mpref = np.zeros((c_n, m_n, n + 1))
     wpref = np.zeros((c_n, n + 1))
     kvpref = np.zeros((c_n, n + 1))
+    kvcpref = np.zeros((c_n, n + 1))
+    kpref = np.zeros((c_n, m_n, knots.size, n + 1))
     max_out = max(op.out_bytes for op in seq.ops)
     cfg_mem, cfg_ws = np.zeros(c_n), np.zeros(c_n)
     for c, cfg in enumerate(configs):
@@ -81,7 +95,17 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
         pref[c, :, 1:] = np.cumsum(lat.lat_us.T, axis=1)
         mpref[c, :, 1:] = np.cumsum((lat.lat_us * (lat.source <= INTERPOLATED)).T, axis=1)
         wpref[c, 1:] = np.cumsum([weight_shard(op, tp) for op in seq.ops])
-        kvpref[c, 1:] = np.cumsum([kv_shard(op, tp, context) for op in seq.ops])
+        if traffic is None:
+            kvpref[c, 1:] = np.cumsum([kv_shard(op, tp, context) for op in seq.ops])
+        else:
+            parts = np.array([kv_parts(op, tp, traffic.workload.max_context, kv_shard) for op in seq.ops])
+            kvpref[c, 1:], kvcpref[c, 1:] = np.cumsum(parts[:, 0]), np.cumsum(parts[:, 1])
+            # [M, G, N]: latency at each knot, made nondecreasing in context
+            at = np.stack([op_latencies(seq, cfg.gpu, cfg.parallel, int(x), mb_grid, profiles_dir, backend,
+                                        req.moe_routing).lat_us.T for x in knots], axis=1)
+            at = np.maximum.accumulate(at, axis=1)
+            kpref[c, :, :, 1:] = np.cumsum(at, axis=2)
+            pref[c, :, 1:] = np.cumsum(lower_tables(np.moveaxis(at, 1, 2), knots, traffic.c_lb), axis=1)
         cfg_mem[c] = usable_bytes(cfg.gpu, tp, utilization=req.gpu_memory_utilization,
                                   reserve_gb=req.memory_reserve_gb)
         if req.memory_headroom:
@@ -96,7 +120,8 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
     fixed = {g.id: fixed_costs(g) for g in {cfg.gpu.id: cfg.gpu for cfg in configs}.values()}
     on = 1.0 if req.fixed_costs else 0.0
     return SearchArrays(
-        configs=configs, mb_grid=mb_grid, pref=pref, mpref=mpref, wpref=wpref, kvpref=kvpref, moe_pref=moe_pref,
+        configs=configs, mb_grid=mb_grid, pref=pref, mpref=mpref, wpref=wpref, kvpref=kvpref, kvcpref=kvcpref,
+        moe_pref=moe_pref,
         cfg_tp=np.array([c.parallel.tp for c in configs], np.int64),
         cfg_price=np.array([c.gpu.price_per_hour for c in configs]),
         cfg_mem=cfg_mem, cfg_ws=cfg_ws,
@@ -110,6 +135,11 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
         bw=hw.network.inter_node_gbps * 1e3,
         lat=hw.network.inter_node_latency_us,
         intra_lat=hw.network.intra_node_latency_us,
+        units=np.arange(max(req.batches) + 1, dtype=np.float64) if traffic is None else traffic.units,
+        knots=knots, kpref=kpref,
+        scen_cs=np.zeros((0, 1)) if traffic is None else traffic.scen_cs,
+        pct=0.0 if traffic is None else traffic.pct,
+        theta=float(context) if traffic is None else traffic.workload.theta, traffic=traffic,
     )
 
 
@@ -154,7 +184,9 @@ def make_problem(arrays: SearchArrays, st: StageArrays, req: PlanRequest, *, bat
         max_rep=req.max_replicas, max_gpus=req.max_gpus, bw=arrays.bw, lat=arrays.lat,
         intra_lat=arrays.intra_lat, slo=slo_us, latency_objective=latency_objective,
         max_nodes=float("inf") if req.max_nodes is None else req.max_nodes,
-        prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS))))
+        prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS), units=arrays.units, kvcpref=arrays.kvcpref,
+        knots=arrays.knots,
+        kpref=arrays.kpref, scen_cs=arrays.scen_cs, pct=arrays.pct, theta=arrays.theta)))
 
 
 def owner_ok(arrays: SearchArrays, st: StageArrays) -> np.ndarray:

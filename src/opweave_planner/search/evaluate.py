@@ -7,13 +7,19 @@ by the search leaf, its bounds, the plan writer and `simulate`:
   receiver's ingress for payload x max(b_send, b_recv) / bandwidth;
 - `plan_link`: stage hand-offs use the GPU's intra-node link only when every
   owner has one GPU type and the whole plan fits in one node;
-- `memory_need`: weights + mu b x KV/state per request + b x workspace;
+- `memory_need`: weights + the KV of the mu b resident requests (a fixed context:
+  mu b x a request's KV; a workload: a quantile of their summed context) + b x workspace;
 - `cost_rate`: USD per GPU-hour per resident request (the latency objective
-  gives every owner 1/k so that cost equals T_rtt).
+  gives every owner 1/k so that cost equals T_rtt);
+- `scenario_tpots` (a workload): per sampled snapshot of the resident contexts, the
+  steady-state period with per-microbatch stage times, where a microbatch split over an
+  owner's replicas waits for its slowest replica (the barrier). The plan's TPOT is a
+  percentile of those periods and its cost uses their mean (docs/workloads.md).
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -23,9 +29,10 @@ from opweave_planner.schedule.kernels import (
     busy_fractions,
     critical_resource,
     make_scratch,
+    simulate_rtt_per_microbatch,
     simulate_rtt_scratch,
 )
-from opweave_planner.search.problem import Problem, Scratch, Selection
+from opweave_planner.search.problem import PRUNE_EPS, Problem, Scratch, Selection
 
 NODE_TOL = 1e-9
 
@@ -57,8 +64,10 @@ def transfer_fixed(p, c_send, c_recv):
 
 
 @njit(cache=True)
-def memory_need(weights, kv_per_request, workspace_per_request, mu, bh):
-    return weights + mu * bh * kv_per_request + bh * workspace_per_request
+def memory_need(p, weights, kv_per_unit, kv_per_request, workspace_per_request, mu, bh):
+    """Bytes per GPU of a replica holding mu x bh resident requests (p.units: see Problem)."""
+    n = mu * bh
+    return weights + p.units[n] * kv_per_unit + n * kv_per_request + bh * workspace_per_request
 
 
 @njit(cache=True)
@@ -131,11 +140,13 @@ def owner_need(p, o, c, mu, bh):
     """Bytes per GPU owner o needs in config c at microbatch bh."""
     w = 0.0
     kv = 0.0
+    kvc = 0.0
     for j in range(p.stage_owner.shape[0]):
         if p.stage_owner[j] == o:
             w += range_sum(p.wpref[c], p.stage_start[j], p.stage_end[j])
             kv += range_sum(p.kvpref[c], p.stage_start[j], p.stage_end[j])
-    return memory_need(w, kv, p.cfg_ws[c], mu, bh)
+            kvc += range_sum(p.kvcpref[c], p.stage_start[j], p.stage_end[j])
+    return memory_need(p, w, kv, kvc, p.cfg_ws[c], mu, bh)
 
 
 @njit(cache=True)
@@ -148,23 +159,151 @@ def evaluate_into(p, mu, sc):
 
 @njit(cache=True)
 def new_scratch(p, seed_cost):
-    s, k = p.stage_owner.shape[0], p.k
-    fbuf, ibuf = make_scratch(s, p.max_mu, k)
-    best_f = np.array([np.inf, 0.0, 0.0, seed_cost])
+    s, k, g, mu = p.stage_owner.shape[0], p.k, p.knots.shape[0], p.max_mu
+    fbuf, ibuf = make_scratch(s, mu, k)
+    best_f = np.array([np.inf, 0.0, 0.0, seed_cost, 0.0])
+    n_samples = p.scen_cs.shape[0] * p.max_rep if g else 0
     return Scratch(np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64),
                    np.zeros(k, np.int64), np.zeros(k, np.int64), np.empty(k), np.empty(k), np.empty(k),
                    np.empty(s), np.empty(s), np.empty(s), fbuf, ibuf, np.zeros(4, np.int64), best_f,
-                   np.zeros(2 + 3 * k, np.int64), np.zeros(2, np.int64))
+                   np.zeros(2 + 3 * k, np.int64), np.zeros(2, np.int64), np.zeros((s, g)),
+                   np.zeros((s, mu)), np.zeros((mu, k), np.int64), np.zeros((mu, k)), np.zeros(n_samples))
+
+
+# --------------------------------------------------------------------------- a workload
 
 
 @njit(cache=True)
-def _evaluate_detail(p, mu, cfg, mb, replicas):
+def order_index(n, pct):
+    """k of the percentile's order statistic x_(k) of n samples: k = ceil(n pct), numpy's
+    'inverted_cdf' (never an interpolation, so a pointwise lower bound stays one)."""
+    k = math.ceil(n * pct - 1e-9)
+    return min(max(k, 1), n)
+
+
+@njit(cache=True)
+def knot_stage_times(p, sc):
+    """sc.kt[j, g]: stage j's compute time per microbatch at context knot g (selection in sc)."""
+    for j in range(p.stage_owner.shape[0]):
+        o = p.stage_owner[j]
+        c, m = sc.cfg[o], sc.mb[o]
+        for g in range(p.knots.shape[0]):
+            sc.kt[j, g] = stage_time(p.kpref[c, m, g], p.stage_start[j], p.stage_end[j], p.cfg_stage_fixed[c])
+
+
+@njit(cache=True)
+def locate(knots, x):
+    """(g, w) with x = (1 - w) knots[g] + w knots[g + 1], clamped to the knot range."""
+    last = knots.shape[0] - 1
+    if x <= knots[0]:
+        return 0, 0.0
+    if x >= knots[last]:
+        return last - 1, 1.0
+    lo, hi = 0, last
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if knots[mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    return lo, (x - knots[lo]) / (knots[lo + 1] - knots[lo])
+
+
+@njit(cache=True)
+def knot_time(kt, j, g, w):
+    """Stage j's time at the context (g, w): linear between the two knots around it."""
+    a = kt[j, g]
+    return a + w * (kt[j, g + 1] - a)
+
+
+@njit(cache=True)
+def scenario_contexts(p, s, B, mu, group, sc):
+    """Knot position (sc.cg, sc.cw) of each (microbatch, owner) of scenario s.
+
+    Microbatch i holds slots [i B/mu, (i+1) B/mu); an owner's replica r takes the r-th
+    run of bh of them. One owner: its replicas are independent copies and `group` picks
+    one. Several owners: a microbatch's stage on an owner ends when its slowest replica
+    does (the barrier): the one with the largest mean context, latency being nondecreasing
+    in context."""
+    cs = p.scen_cs[s]
+    per = B // mu
+    for i in range(mu):
+        for o in range(p.k):
+            bh = sc.bh[o]
+            if p.k == 1:
+                lo = i * per + group * bh
+                x = (cs[lo + bh] - cs[lo]) / bh
+            else:
+                x = 0.0
+                for r in range(sc.rep[o]):
+                    lo = i * per + r * bh
+                    x = max(x, (cs[lo + bh] - cs[lo]) / bh)
+            g, w = locate(p.knots, x)
+            sc.cg[i, o] = g
+            sc.cw[i, o] = w
+
+
+@njit(cache=True)
+def scenario_tpots(p, B, mu, sc, fail_cap):
+    """sc.samples[:n] = the steady-state period of each scenario (one owner: of each replica),
+    with per-microbatch stage times; returns n, or -1 as soon as more than `fail_cap` samples
+    exceed the SLO (the percentile can no longer meet it)."""
+    s_n, k = p.stage_owner.shape[0], p.k
+    groups = sc.rep[0] if k == 1 else 1
+    cap = p.slo * (1.0 + PRUNE_EPS)
+    n = 0
+    fails = 0
+    for s in range(p.scen_cs.shape[0]):
+        for group in range(groups):
+            scenario_contexts(p, s, B, mu, group, sc)
+            for j in range(s_n):
+                o = p.stage_owner[j]
+                for i in range(mu):
+                    sc.t2[j, i] = knot_time(sc.kt, j, sc.cg[i, o], sc.cw[i, o])
+            v = simulate_rtt_per_microbatch(p.stage_owner, sc.t2, sc.occ, sc.latv, mu, k, sc.fbuf, sc.ibuf)
+            sc.samples[n] = v
+            n += 1
+            if v > cap:
+                fails += 1
+                if fails > fail_cap:
+                    return -1
+    return n
+
+
+@njit(cache=True)
+def evaluate_workload_into(p, B, mu, sc, stop_early):
+    """(percentile TPOT, mean TPOT) µs of the selection in sc under the workload's scenarios;
+    (inf, inf) when `stop_early` and the percentile is sure to miss the SLO."""
+    link_bw, link_lat, _intra = plan_link(p, sc.cfg, plan_gpus(p, sc.cfg, sc.rep))
+    stage_vectors(p, sc, link_bw, link_lat)  # hand-off occupancy and latency (context-free)
+    knot_stage_times(p, sc)
+    total = p.scen_cs.shape[0] * (sc.rep[0] if p.k == 1 else 1)
+    kk = order_index(total, p.pct)
+    n = scenario_tpots(p, B, mu, sc, total - kk if stop_early else total)
+    if n < 0:
+        return np.inf, np.inf
+    vals = np.sort(sc.samples[:n])
+    return vals[kk - 1], vals.sum() / n
+
+
+@njit(cache=True)
+def _evaluate_detail(p, B, mu, cfg, mb, replicas):
     s, k = p.stage_owner.shape[0], p.k
     sc = new_scratch(p, np.inf)
     for o in range(k):
         sc.cfg[o], sc.mb[o], sc.rep[o] = cfg[o], mb[o], replicas[o]
         sc.bh[o] = p.mb_grid[mb[o]]
-    t_rtt = evaluate_into(p, mu, sc)
+    samples = np.zeros(0)
+    if p.knots.shape[0]:
+        t_check, t_mean = evaluate_workload_into(p, B, mu, sc, False)
+        samples = np.sort(sc.samples[:p.scen_cs.shape[0] * (sc.rep[0] if k == 1 else 1)])
+        g, w = locate(p.knots, p.theta)  # stage figures shown at the stationary mean context
+        for j in range(s):
+            sc.t[j] = knot_time(sc.kt, j, g, w)
+        t_show = simulate_rtt_scratch(p.stage_owner, sc.t, sc.occ, sc.latv, mu, k, sc.fbuf, sc.ibuf)
+    else:
+        t_check = evaluate_into(p, mu, sc)
+        t_mean = t_show = t_check
     t, occ, latv, bh = sc.t, sc.occ, sc.latv, sc.bh
     measured = np.empty(s)
     gpus = plan_gpus(p, cfg, replicas)
@@ -172,7 +311,7 @@ def _evaluate_detail(p, mu, cfg, mb, replicas):
     for j in range(s):
         o = p.stage_owner[j]
         measured[j] = range_sum(p.mpref[cfg[o], mb[o]], p.stage_start[j], p.stage_end[j])
-    comp, egr, ing = busy_fractions(p.stage_owner, t, occ, mu, k, t_rtt)
+    comp, egr, ing = busy_fractions(p.stage_owner, t, occ, mu, k, t_show)
     kind, index = critical_resource(comp, egr, ing)
     need = np.empty(k)
     usable = np.empty(k)
@@ -181,13 +320,23 @@ def _evaluate_detail(p, mu, cfg, mb, replicas):
         need[o] = owner_need(p, o, cfg[o], mu, bh[o])
         usable[o] = p.cfg_mem[cfg[o]]
         rsum += cost_rate(p.latency_objective, k, p.cfg_price[cfg[o]], p.cfg_tp[cfg[o]], mu, bh[o])
-    return t_rtt, t, occ, latv, measured, gpus, intra, comp, kind, index, need, usable, rsum
+    return (t_check, t_mean, t_show, samples, t, occ, latv, measured, gpus, intra, comp, kind, index, need,
+            usable, rsum)
 
 
 class Evaluation(NamedTuple):
-    """Everything a plan file states about a Selection (µs, bytes, cost rate)."""
+    """Everything a plan file states about a Selection (µs, bytes, cost rate).
+
+    A fixed context: t_rtt = t_mean = t_show, the steady-state round trip. A workload: t_rtt is
+    the SLO percentile of the scenario periods (`samples`, sorted), t_mean their mean (what the
+    cost uses), and the per-stage figures and busy fractions are at the stationary mean context,
+    whose round trip is t_show.
+    """
 
     t_rtt: float
+    t_mean: float
+    t_show: float
+    samples: np.ndarray
     t: np.ndarray  # compute per stage and microbatch
     occ: np.ndarray  # hand-off link occupancy per stage
     latv: np.ndarray  # hand-off latency per stage
@@ -203,7 +352,13 @@ class Evaluation(NamedTuple):
 
     @property
     def cost(self) -> float:
-        return self.t_rtt * self.rate
+        return self.t_mean * self.rate
+
+    def percentile(self, pct: float) -> float:
+        """A percentile (fraction) of the scenario TPOTs, by the search's order-statistic rule."""
+        if not self.samples.size:
+            return self.t_rtt
+        return float(self.samples[order_index(self.samples.size, pct) - 1])
 
     @property
     def fits_memory(self) -> bool:
@@ -212,7 +367,7 @@ class Evaluation(NamedTuple):
 
 def evaluate(p: Problem, sel: Selection) -> Evaluation:
     """Evaluate one Selection exactly as the search leaf scored it."""
-    out = _evaluate_detail(p, sel.mu, sel.cfg, sel.mb, sel.replicas)
-    t_rtt, t, occ, latv, measured, gpus, intra, comp, kind, index, need, usable, rate = out
-    return Evaluation(float(t_rtt), t, occ, latv, measured, float(gpus), bool(intra), comp, int(kind),
-                      int(index), need, usable, float(rate))
+    out = _evaluate_detail(p, sel.batch, sel.mu, sel.cfg, sel.mb, sel.replicas)
+    t_rtt, t_mean, t_show, samples, t, occ, latv, measured, gpus, intra, comp, kind, index, need, usable, rate = out
+    return Evaluation(float(t_rtt), float(t_mean), float(t_show), samples, t, occ, latv, measured, float(gpus),
+                      bool(intra), comp, int(kind), int(index), need, usable, float(rate))

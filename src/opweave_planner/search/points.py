@@ -26,7 +26,11 @@ class OwnerTables(NamedTuple):
     count: np.ndarray  # int64[k]: stages per owner
     pos: np.ndarray  # int64[S]: a stage's index among its owner's stages
     wown: np.ndarray  # float64[k, C]: weight bytes per GPU
-    kvown: np.ndarray  # float64[k, C]: KV/state bytes per request per GPU
+    kvown: np.ndarray  # float64[k, C]: KV bytes per GPU per reserved unit (Problem.units)
+    kvcown: np.ndarray  # float64[k, C]: context-independent KV/state bytes per request per GPU
+    # what dominance compares, per stage: its time, then (a workload) its time at every context
+    # knot, so a dropped point is no faster than its dominator at any context
+    dom: np.ndarray  # float64[k, C, M, L (1 + G)]
     pair_payload: np.ndarray  # float64[k, k]: boundary bytes per request, sender -> receiver
     n_cross: np.ndarray  # float64[k, k]: boundaries per owner pair
 
@@ -52,15 +56,17 @@ class Points(NamedTuple):
 @njit(cache=True)
 def owner_tables(p):
     owner, start, end, payload, ok = p.stage_owner, p.stage_start, p.stage_end, p.payload, p.cfg_ok
-    pref, wpref, kvpref, fixed = p.pref, p.wpref, p.kvpref, p.cfg_stage_fixed
-    s, k = owner.shape[0], p.k
+    pref, wpref, kvpref, kvcpref, fixed, kpref = p.pref, p.wpref, p.kvpref, p.kvcpref, p.cfg_stage_fixed, p.kpref
+    s, k, n_g = owner.shape[0], p.k, p.knots.shape[0]
     n_cfg, n_mb = pref.shape[0], pref.shape[1]
     count = np.zeros(k, np.int64)
     for j in range(s):
         count[owner[j]] += 1
     tab = np.zeros((k, n_cfg, n_mb, count.max()))
+    dom = np.zeros((k, n_cfg, n_mb, count.max() * (1 + n_g)))
     wown = np.zeros((k, n_cfg))
     kvown = np.zeros((k, n_cfg))
+    kvcown = np.zeros((k, n_cfg))
     pos = np.zeros(s, np.int64)
     fill = np.zeros(k, np.int64)
     pair_payload = np.zeros((k, k))
@@ -78,9 +84,14 @@ def owner_tables(p):
                 continue  # a config this owner may not take (other GPU type, EP without experts)
             wown[o, c] += range_sum(wpref[c], start[j], end[j])
             kvown[o, c] += range_sum(kvpref[c], start[j], end[j])
+            kvcown[o, c] += range_sum(kvcpref[c], start[j], end[j])
             for m in range(n_mb):
                 tab[o, c, m, pos[j]] = stage_time(pref[c, m], start[j], end[j], fixed[c])
-    return OwnerTables(tab, count, pos, wown, kvown, pair_payload, n_cross)
+                base = pos[j] * (1 + n_g)
+                dom[o, c, m, base] = tab[o, c, m, pos[j]]
+                for g in range(n_g):
+                    dom[o, c, m, base + 1 + g] = stage_time(kpref[c, m, g], start[j], end[j], fixed[c])
+    return OwnerTables(tab, count, pos, wown, kvown, kvcown, dom, pair_payload, n_cross)
 
 
 @njit(cache=True)
@@ -106,7 +117,7 @@ def build_points(p, ot, o, B, mu, pts):
             m = p.mb_index[bh]
             if m < 0:
                 continue
-            if memory_need(ot.wown[o, c], ot.kvown[o, c], p.cfg_ws[c], mu, bh) > p.cfg_mem[c]:
+            if memory_need(p, ot.wown[o, c], ot.kvown[o, c], ot.kvcown[o, c], p.cfg_ws[c], mu, bh) > p.cfg_mem[c]:
                 continue
             tot = 0.0
             for i in range(ot.count[o]):
@@ -144,7 +155,7 @@ def pareto_filter(p, ot, o, cross_type, pts, counters):
     """Keep the network-safe frontier: dominance only at equal TP and equal b (equal transfer
     sizes and GPU count), with no dearer NCCL call, and across GPU types only when no candidate
     of this (B, mu) fits in one node (otherwise the GPU type decides the link)."""
-    tp, gpu, tx, tab, length = p.cfg_tp, p.cfg_gpu, p.cfg_transfer_fixed, ot.tab[o], ot.count[o]
+    tp, gpu, tx, tab, length = p.cfg_tp, p.cfg_gpu, p.cfg_transfer_fixed, ot.dom[o], ot.dom.shape[3]
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     npts = pts.count[o]
     keep = pts.keep

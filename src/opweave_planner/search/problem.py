@@ -34,7 +34,7 @@ class Problem(NamedTuple):
     pref: np.ndarray  # float64[C, M, N+1]: latency prefix sums per config and microbatch size
     mpref: np.ndarray  # float64[C, M, N+1]: prefix sums of the measured part of the latency
     wpref: np.ndarray  # float64[C, N+1]: weight bytes per GPU
-    kvpref: np.ndarray  # float64[C, N+1]: KV/state bytes per request per GPU
+    kvpref: np.ndarray  # float64[C, N+1]: KV bytes per GPU per reserved unit (see `units`)
     cfg_tp: np.ndarray  # int64[C]
     cfg_price: np.ndarray  # float64[C]: USD per GPU-hour
     cfg_mem: np.ndarray  # float64[C]: usable bytes per GPU
@@ -58,6 +58,19 @@ class Problem(NamedTuple):
     latency_objective: bool  # minimise T_rtt instead of cost (owner rates sum to one)
     max_nodes: float  # nodes a plan may occupy (inf: no limit)
     prune_factor: float  # (1 + slack)(1 + 1e-12): prune what exceeds the incumbent by more
+    # memory of n resident requests: units[n] x kvpref + n x kvcpref. A fixed context: units[n] = n
+    # and kvpref is a request's whole KV; a workload: units[n] is the context tokens reserved for n
+    # requests (a quantile of their sum, at least one request at the longest context)
+    # (None: a fixed context's value, filled by `typed`)
+    units: np.ndarray | None = None  # float64[max B + 1]
+    kvcpref: np.ndarray | None = None  # float64[C, N+1]: KV/state bytes per GPU per request, not growing
+    # a workload (stochastic objective; all empty for a fixed context): stage latencies at
+    # context knots, the scenarios' per-slot context prefix sums, the SLO percentile (fraction)
+    knots: np.ndarray | None = None  # float64[G]: context knots (G = 0: fixed context)
+    kpref: np.ndarray | None = None  # float64[C, M, G, N+1]: latency prefix sums at each knot
+    scen_cs: np.ndarray | None = None  # float64[n_scenarios, max B + 1]: cumulative context over slots
+    pct: float = 0.0  # SLO percentile as a fraction (0.95)
+    theta: float = 0.0  # stationary mean context (what the plan's stage figures are shown at)
 
 
 class Hot(NamedTuple):
@@ -79,6 +92,7 @@ class Hot(NamedTuple):
     cfg_node: np.ndarray
     cfg_intra_bw: np.ndarray
     cfg_transfer_fixed: np.ndarray
+    units: np.ndarray
     k: int
     max_rep: int
     latency_objective: bool
@@ -121,9 +135,14 @@ class Scratch(NamedTuple):
     fbuf: np.ndarray  # simulator scratch
     ibuf: np.ndarray
     counters: np.ndarray  # int64[4], Counters order
-    best_f: np.ndarray  # float64[4]: cost, t_rtt, gpus, incumbent
+    best_f: np.ndarray  # float64[5]: cost, checked TPOT (percentile), gpus, incumbent, mean TPOT
     best_i: np.ndarray  # int64[2 + 3k]: B, mu, then (cfg, replicas, mb) per owner
     walk_state: np.ndarray  # int64[2]: level, and 1 while a walk is suspended at a leaf
+    kt: np.ndarray  # float64[S, G]: stage times at the context knots (workload)
+    t2: np.ndarray  # float64[S, max mu]: stage times per microbatch of one scenario
+    cg: np.ndarray  # int64[max mu, k]: knot index of each (microbatch, owner) context
+    cw: np.ndarray  # float64[max mu, k]: interpolation weight of that context
+    samples: np.ndarray  # float64[n_scenarios x max replicas]: per-scenario TPOT samples
 
 
 class Counters(NamedTuple):
@@ -141,10 +160,11 @@ class SearchResult(NamedTuple):
 
     found: bool
     cost: float  # cost rate x µs
-    t_rtt: float  # µs
+    t_rtt: float  # µs: the figure checked against the SLO (a workload: its percentile)
     gpus: float
     selection: Selection
     counters: Counters
+    t_mean: float = 0.0  # µs: mean TPOT (cost is mean x rate); a fixed context: t_rtt
 
 
 def _check(cond: bool, what: str) -> None:
@@ -163,7 +183,16 @@ def check_problem(p: Problem) -> Problem:
     _check(bool(((p.stage_start >= 0) & (p.stage_start < n1) & (p.stage_end >= 0) & (p.stage_end < n1)).all()),
            "stage ranges outside the operator sequence")
     _check(p.mpref.shape == p.pref.shape, "mpref shape")
-    _check(p.wpref.shape == (c_n, n1) and p.kvpref.shape == (c_n, n1), "weight/KV prefix shapes")
+    _check(p.wpref.shape == (c_n, n1) and p.kvpref.shape == (c_n, n1) and p.kvcpref.shape == (c_n, n1),
+           "weight/KV prefix shapes")
+    _check(p.units.shape[0] >= int(p.batches.max()) + 1, "units does not cover every resident count")
+    g_n = p.knots.shape[0]
+    _check(p.kpref.shape == (c_n, m_n, g_n, n1), "kpref is not [C, M, G, N+1]")
+    if g_n:
+        _check(g_n >= 2 and bool((np.diff(p.knots) > 0).all()), "knots not increasing")
+        _check(p.scen_cs.shape[0] >= 1 and p.scen_cs.shape[1] >= int(p.batches.max()) + 1,
+               "scenarios do not cover every slot")
+        _check(0.0 < p.pct <= 1.0, "percentile outside (0, 1]")
     for name in ("cfg_tp", "cfg_price", "cfg_mem", "cfg_ws", "cfg_gpu", "cfg_node", "cfg_intra_bw",
                  "cfg_stage_fixed", "cfg_transfer_fixed"):
         _check(getattr(p, name).shape == (c_n,), f"{name} has not {c_n} entries")
@@ -178,7 +207,16 @@ def check_problem(p: Problem) -> Problem:
 
 
 def typed(p: Problem) -> Problem:
-    """Fix every field's dtype so numba compiles one specialisation (and its cache hits)."""
+    """Fix every field's dtype so numba compiles one specialisation (and its cache hits); the
+    workload fields left None get a fixed context's values."""
+    c_n, m_n, n1 = p.pref.shape
+    top = int(np.max(p.batches))
+    p = p._replace(
+        units=np.arange(top + 1, dtype=np.float64) if p.units is None else p.units,
+        kvcpref=np.zeros_like(p.kvpref) if p.kvcpref is None else p.kvcpref,
+        knots=np.zeros(0) if p.knots is None else p.knots,
+        kpref=np.zeros((c_n, m_n, 0, n1)) if p.kpref is None else p.kpref,
+        scen_cs=np.zeros((0, 1)) if p.scen_cs is None else p.scen_cs)
     return p._replace(
         stage_owner=np.ascontiguousarray(p.stage_owner, np.int64),
         stage_start=np.ascontiguousarray(p.stage_start, np.int64),
@@ -192,7 +230,10 @@ def typed(p: Problem) -> Problem:
         max_mu=int(p.max_mu), max_rep=int(p.max_rep), max_gpus=float(p.max_gpus), bw=float(p.bw),
         lat=float(p.lat), intra_lat=float(p.intra_lat), slo=float(p.slo),
         latency_objective=bool(p.latency_objective), max_nodes=float(p.max_nodes),
-        prune_factor=float(p.prune_factor))
+        prune_factor=float(p.prune_factor),
+        units=np.ascontiguousarray(p.units, np.float64), knots=np.ascontiguousarray(p.knots, np.float64),
+        kpref=np.ascontiguousarray(p.kpref, np.float64), scen_cs=np.ascontiguousarray(p.scen_cs, np.float64),
+        pct=float(p.pct), theta=float(p.theta))
 
 
 def selection(batch: int, mu: int, cfg, replicas, mb) -> Selection:

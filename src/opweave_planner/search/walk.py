@@ -19,6 +19,7 @@ from opweave_planner.search.bounds import lower_bound
 from opweave_planner.search.evaluate import (
     NODE_TOL,
     evaluate_into,
+    evaluate_workload_into,
     new_scratch,
     plan_gpus,
     plan_link,
@@ -61,17 +62,21 @@ def _leaf(h, p, pts, sc, B, mu):
         sc.counters[C_BOUND] += 1
         return
     sc.counters[C_SIM] += 1
-    trtt = evaluate_into(p, mu, sc)
+    if p.knots.shape[0]:  # a workload: percentile TPOT against the SLO, mean TPOT for the cost
+        trtt, tmean = evaluate_workload_into(p, B, mu, sc, True)
+    else:
+        trtt = evaluate_into(p, mu, sc)
+        tmean = trtt
     if trtt > h.slo_cap:
         return
     rsum = 0.0
     for o in range(h.k):
         rsum += pts.r[o, sc.sel[o]]
     gpus = plan_gpus(h, sc.cfg, sc.rep)
-    cost = trtt * rsum
+    cost = tmean * rsum
     bf = sc.best_f
     if cost < bf[0] or (cost == bf[0] and gpus < bf[2] - NODE_TOL):
-        bf[0], bf[1], bf[2] = cost, trtt, gpus
+        bf[0], bf[1], bf[2], bf[4] = cost, trtt, gpus, tmean
         bf[3] = min(bf[3], cost)
         sc.best_i[0], sc.best_i[1] = B, mu
         for o in range(h.k):
@@ -149,7 +154,7 @@ def _search(p, seed_cost, use_pareto, use_bnb):
     pts = new_points(p)
     sc = new_scratch(p, seed_cost)
     h = Hot(p.cfg_ok, p.mb_index, p.cfg_ws, p.cfg_mem, p.cfg_tp, p.cfg_price, p.cfg_gpu, p.cfg_node,
-            p.cfg_intra_bw, p.cfg_transfer_fixed, p.k, p.max_rep, p.latency_objective, use_bnb, p.prune_factor,
+            p.cfg_intra_bw, p.cfg_transfer_fixed, p.units, p.k, p.max_rep, p.latency_objective, use_bnb, p.prune_factor,
             p.slo * (1 + EPS), p.max_gpus + NODE_TOL, p.max_nodes, p.bw, p.lat, p.intra_lat,
             p.cfg_transfer_fixed.min())
     node_max = p.cfg_node.max()
@@ -184,4 +189,4 @@ def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = 
     sel = Selection(int(best_i[0]), int(best_i[1]), best_i[2::3][:k].copy(), best_i[3::3][:k].copy(),
                     best_i[4::3][:k].copy())
     return SearchResult(found, float(best_f[0]), float(best_f[1]), float(best_f[2]), sel,
-                        Counters(*(int(x) for x in counters)))
+                        Counters(*(int(x) for x in counters)), float(best_f[4]))

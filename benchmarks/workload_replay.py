@@ -1,0 +1,201 @@
+"""Closed-loop check of the workload planner (issue 13): replay a trace through a plan.
+
+Usage:  python benchmarks/workload_replay.py [--steps 10000] [--warmup 500] [--seed 1] [CASE ...]
+
+For each case the workload-aware plan is made (`api.plan`), then the trace is replayed
+through its placement step by step with continuous batching:
+
+* the plan's B slots start in the stationary state the planner assumes (a request drawn
+  with probability proportional to its output length, at a uniform age), then evolve: every
+  decode iteration each resident request's context grows by one token, and a request that
+  has produced its last output token is replaced by a fresh one drawn from the trace
+  (seeded), starting at its prompt length;
+* every iteration's stage latencies come from the current contents of each microbatch (the
+  plan's knot latency tables; a microbatch split over an owner's replicas waits for the
+  slowest, as in the planner), and the pipeline advances by one iteration of the schedule's
+  max-plus recurrence (`schedule.kernels._one_iteration`) with those times: a real time-
+  varying schedule, not a steady state per snapshot;
+* the step TPOT of a microbatch is the time between its consecutive tokens; the KV memory of
+  each replica is summed over its resident requests every step.
+
+It prints the replayed p50/p95/p99 step TPOT against the plan's predicted figures, and the
+peak replayed memory per GPU against the memory the plan reserved. Target (issue 13):
+predicted p95 within 5 % of the replayed one, and no step above the reserved memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "examples" / "traces" / "mooncake-conversation-sample.jsonl"
+
+CASES = {
+    "gemma-60ms": dict(model="gemma-3-27b", slo="60ms", gpus="h100", workload=str(TRACE), scale_ctx="32k"),
+    "gemma-25ms": dict(model="gemma-3-27b", slo="25ms", gpus="h100", workload=str(TRACE), scale_ctx="8k"),
+    "qwen3-next-80ms": dict(model="qwen3-next-80b-a3b", slo="80ms", gpus="h100", workload=str(TRACE),
+                            scale_ctx="32k"),
+}
+
+
+def _stage_tables(prob, sel):
+    """kt[j, g]: stage j's time at knot g; per owner its stages, KV per token / per request,
+    weights and workspace per GPU (the evaluator's own functions)."""
+    from opweave_planner.search.evaluate import range_sum, stage_time
+
+    s_n = prob.stage_owner.size
+    kt = np.zeros((s_n, prob.knots.size))
+    for j in range(s_n):
+        o = prob.stage_owner[j]
+        c, m = sel.cfg[o], sel.mb[o]
+        for g in range(prob.knots.size):
+            kt[j, g] = stage_time(prob.kpref[c, m, g], prob.stage_start[j], prob.stage_end[j],
+                                  prob.cfg_stage_fixed[c])
+    mem = []
+    for o in range(prob.k):
+        c = sel.cfg[o]
+        js = [j for j in range(s_n) if prob.stage_owner[j] == o]
+        w = sum(range_sum(prob.wpref[c], prob.stage_start[j], prob.stage_end[j]) for j in js)
+        tok = sum(range_sum(prob.kvpref[c], prob.stage_start[j], prob.stage_end[j]) for j in js)
+        req = sum(range_sum(prob.kvcpref[c], prob.stage_start[j], prob.stage_end[j]) for j in js)
+        mem.append((w, tok, req, float(prob.cfg_ws[c])))
+    return kt, mem
+
+
+class Slots:
+    """The B resident requests: prompt, output length and age of each, refilled from the trace."""
+
+    def __init__(self, prompt, output, n, rng):
+        self.p_all, self.o_all, self.rng = prompt, output, rng
+        # stationary start: request chosen proportionally to its output length, uniform age
+        w = output / output.sum()
+        idx = rng.choice(output.size, n, p=w)
+        self.p, self.d = prompt[idx].astype(np.int64), output[idx].astype(np.int64)
+        self.age = (rng.random(n) * self.d).astype(np.int64)
+
+    def contexts(self):
+        return self.p + self.age
+
+    def step(self):
+        self.age += 1
+        done = self.age >= self.d
+        k = int(done.sum())
+        if k:
+            idx = self.rng.integers(0, self.p_all.size, k)
+            self.p[done], self.d[done], self.age[done] = self.p_all[idx], self.o_all[idx], 0
+        return k
+
+
+def replay(plan, steps: int, warmup: int, seed: int):
+    from opweave_planner.contract import plan_context
+    from opweave_planner.schedule.kernels import _one_iteration
+    from opweave_planner.search.evaluate import evaluate
+
+    ctx, tmpl, sel = plan_context(plan, where="replay")
+    _splan, prob = ctx.problem(tmpl, batches=(sel.batch,))
+    ev = evaluate(prob, sel)
+    kt, mem = _stage_tables(prob, sel)
+    wl = ctx.request.traffic()
+    k, mu, B, s_n = prob.k, sel.mu, sel.batch, prob.stage_owner.size
+    bh = [int(prob.mb_grid[m]) for m in sel.mb]
+    per = B // mu
+    groups = int(sel.replicas[0]) if k == 1 else 1
+    rng = np.random.default_rng(seed)
+    slots = Slots(wl.prompt, wl.output, B, rng)
+    n_state = 3 * k + mu
+    states = [np.zeros(n_state) for _ in range(groups)]
+    last = [np.zeros(mu) for _ in range(groups)]
+    tpots = []
+    peak = np.zeros(k)
+    finished = 0
+    occ, latv = ev.occ, ev.latv
+    t2 = np.zeros((s_n, mu))
+    for it in range(warmup + steps):
+        c = slots.contexts().astype(np.float64)
+        for o in range(k):  # memory of every replica of owner o: its mu x bh residents
+            w, tok, req, ws = mem[o]
+            for r in range(int(sel.replicas[o])):
+                mine = np.concatenate([c[i * per + r * bh[o]: i * per + (r + 1) * bh[o]] for i in range(mu)])
+                need = w + tok * mine.sum() + req * mine.size + ws * bh[o]
+                peak[o] = max(peak[o], need)
+        for grp in range(groups):
+            for i in range(mu):
+                for j in range(s_n):
+                    o = prob.stage_owner[j]
+                    reps = [grp] if k == 1 else range(int(sel.replicas[o]))
+                    x = max(c[i * per + r * bh[o]: i * per + (r + 1) * bh[o]].mean() for r in reps)
+                    t2[j, i] = np.interp(x, prob.knots, kt[j])
+            x = states[grp]
+            _one_iteration(prob.stage_owner, t2, occ, latv, mu, k, x)
+            ready = x[3 * k:].copy()
+            if it >= warmup:
+                tpots.extend(ready - last[grp])
+            last[grp] = ready
+        finished += slots.step()
+    return np.array(tpots), peak, ev, finished
+
+
+def run_case(name: str, spec: dict, steps: int, warmup: int, seed: int) -> dict:
+    from opweave_planner import api
+
+    t0 = time.perf_counter()
+    req = api.make_request(**spec)
+    plan, infeasible = api.plan(req)
+    if plan is None:
+        return {"case": name, "error": infeasible.reason}
+    t_plan = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tp, peak, _ev, finished = replay(plan, steps, warmup, seed)
+    q = {p: float(np.quantile(tp, p / 100, method="inverted_cdf")) / 1e3 for p in (50, 95, 99)}
+    pred = plan.tpot
+    reserved = [o.memory_bytes_per_gpu for o in plan.owners]
+    return {
+        "case": name, "plan": f"{plan.gpus_total} GPUs, {plan.num_stages} stages, B={plan.global_batch}, "
+                              f"mu={plan.microbatches}, owners {[(o.gpu, o.tensor_parallel, o.replicas) for o in plan.owners]}",
+        "pred": pred, "replay": q, "replay_mean": float(tp.mean()) / 1e3, "samples": int(tp.size),
+        "p95_err_pct": (pred.p95_ms / q[95] - 1) * 100, "peak_gib": [float(x) / 2**30 for x in peak],
+        "reserved_gib": [x / 2**30 for x in reserved],
+        "memory_ok": all(p <= r * (1 + 1e-9) for p, r in zip(peak, reserved, strict=True)),
+        "finished": finished, "t_plan": t_plan, "t_replay": time.perf_counter() - t0,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="*", default=["gemma-60ms", "gemma-25ms"], help=", ".join(CASES))
+    ap.add_argument("--steps", type=int, default=10_000)
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args(argv)
+    ok = True
+    unknown = [c for c in a.cases if c not in CASES]
+    if unknown:
+        ap.error(f"unknown case {unknown[0]}; expected one of {', '.join(CASES)}")
+    for name in a.cases:
+        r = run_case(name, CASES[name], a.steps, a.warmup, a.seed)
+        if "error" in r:
+            print(f"{name}: infeasible: {r['error']}")
+            continue
+        p, q = r["pred"], r["replay"]
+        print(f"{name}: {r['plan']}  (plan {r['t_plan']:.1f} s, replay {r['t_replay']:.1f} s, "
+              f"{r['samples']:,} step samples, {r['finished']:,} requests finished)")
+        print(f"  step TPOT ms   predicted p50 {p.p50_ms:.3f} p95 {p.p95_ms:.3f} p99 {p.p99_ms:.3f} "
+              f"mean {p.mean_ms:.3f}")
+        print(f"                 replayed  p50 {q[50]:.3f} p95 {q[95]:.3f} p99 {q[99]:.3f} "
+              f"mean {r['replay_mean']:.3f}")
+        print(f"  p95: predicted / replayed - 1 = {r['p95_err_pct']:+.2f} %  (target within 5 %)")
+        for o, (pk, rs) in enumerate(zip(r["peak_gib"], r["reserved_gib"], strict=True)):
+            print(f"  owner {o}: peak replayed memory {pk:.2f} GiB per GPU, reserved {rs:.2f} GiB "
+                  f"({'ok' if pk <= rs * (1 + 1e-9) else 'EXCEEDED'})")
+        ok &= abs(r["p95_err_pct"]) <= 5 and r["memory_ok"]
+    print("all within target" if ok else "TARGET MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
