@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "examples" / "traces" / "mooncake-conversation-sample.jsonl"
 
+CASES_Q = "--kv-quantile (0.999)"
 CASES = {
     "gemma-60ms": dict(model="gemma-3-27b", slo="60ms", gpus="h100", workload=str(TRACE), scale_ctx="32k"),
     "gemma-25ms": dict(model="gemma-3-27b", slo="25ms", gpus="h100", workload=str(TRACE), scale_ctx="8k"),
@@ -112,6 +113,8 @@ def replay(plan, steps: int, warmup: int, seed: int):
     last = [np.zeros(mu) for _ in range(groups)]
     tpots = []
     peak = np.zeros(k)
+    reserved = ev.memory_need
+    over = [0, 0]  # replica-steps above the reserved memory, replica-steps
     finished = 0
     occ, latv = ev.occ, ev.latv
     t2 = np.zeros((s_n, mu))
@@ -123,6 +126,9 @@ def replay(plan, steps: int, warmup: int, seed: int):
                 mine = np.concatenate([c[i * per + r * bh[o]: i * per + (r + 1) * bh[o]] for i in range(mu)])
                 need = w + tok * mine.sum() + req * mine.size + ws * bh[o]
                 peak[o] = max(peak[o], need)
+                if it >= warmup:
+                    over[0] += need > reserved[o] * (1 + 1e-8)
+                    over[1] += 1
         for grp in range(groups):
             for i in range(mu):
                 for j in range(s_n):
@@ -137,7 +143,7 @@ def replay(plan, steps: int, warmup: int, seed: int):
                 tpots.extend(ready - last[grp])
             last[grp] = ready
         finished += slots.step()
-    return np.array(tpots), peak, ev, finished
+    return np.array(tpots), peak, over, finished
 
 
 def run_case(name: str, spec: dict, steps: int, warmup: int, seed: int) -> dict:
@@ -150,7 +156,7 @@ def run_case(name: str, spec: dict, steps: int, warmup: int, seed: int) -> dict:
         return {"case": name, "error": infeasible.reason}
     t_plan = time.perf_counter() - t0
     t0 = time.perf_counter()
-    tp, peak, _ev, finished = replay(plan, steps, warmup, seed)
+    tp, peak, over, finished = replay(plan, steps, warmup, seed)
     q = {p: float(np.quantile(tp, p / 100, method="inverted_cdf")) / 1e3 for p in (50, 95, 99)}
     pred = plan.tpot
     reserved = [o.memory_bytes_per_gpu for o in plan.owners]
@@ -160,7 +166,8 @@ def run_case(name: str, spec: dict, steps: int, warmup: int, seed: int) -> dict:
         "pred": pred, "replay": q, "replay_mean": float(tp.mean()) / 1e3, "samples": int(tp.size),
         "p95_err_pct": (pred.p95_ms / q[95] - 1) * 100, "peak_gib": [float(x) / 2**30 for x in peak],
         "reserved_gib": [x / 2**30 for x in reserved],
-        "memory_ok": all(p <= r * (1 + 1e-9) for p, r in zip(peak, reserved, strict=True)),
+        "memory_ok": all(p <= r * (1 + 1e-8) for p, r in zip(peak, reserved, strict=True)),
+        "over": over,
         "finished": finished, "t_plan": t_plan, "t_replay": time.perf_counter() - t0,
     }
 
@@ -191,7 +198,10 @@ def main(argv=None) -> int:
         print(f"  p95: predicted / replayed - 1 = {r['p95_err_pct']:+.2f} %  (target within 5 %)")
         for o, (pk, rs) in enumerate(zip(r["peak_gib"], r["reserved_gib"], strict=True)):
             print(f"  owner {o}: peak replayed memory {pk:.2f} GiB per GPU, reserved {rs:.2f} GiB "
-                  f"({'ok' if pk <= rs * (1 + 1e-9) else 'EXCEEDED'})")
+                  f"({'ok' if pk <= rs * (1 + 1e-8) else f'EXCEEDED by {(pk / rs - 1) * 100:.1f} %'})")
+        n_over, n_all = r["over"]
+        print(f"  replica-steps above the reserved memory: {n_over:,} of {n_all:,} ({n_over / n_all:.4%}; the "
+              f"reserve is the {CASES_Q} quantile of one snapshot)")
         ok &= abs(r["p95_err_pct"]) <= 5 and r["memory_ok"]
     print("all within target" if ok else "TARGET MISSED")
     return 0 if ok else 1

@@ -27,6 +27,7 @@ from test_search_exact import (
 )
 
 from opweave_planner.schedule.reference import simulate_rtt as ref_simulate_rtt
+from opweave_planner.search.arrays import knot_free
 from opweave_planner.search.evaluate import evaluate, order_index
 from opweave_planner.search.traffic import lower_context, lower_tables
 
@@ -62,15 +63,22 @@ def workload_instances(draw):
     kvcpref = np.zeros((n_cfg, n1))
     for c in range(n_cfg):
         kvcpref[c, 1:] = np.cumsum([draw(st.integers(0, 1)) / 4 for _ in range(n_ops)])
+    # some configs differ by a context-free amount (as TP vs EP experts do): frontier dominance
+    # may then skip the knots (search.arrays.knot_free decides, here as in the planner)
+    if n_cfg > 1 and draw(st.booleans()):
+        at[1] = at[0] + np.array([draw(st.integers(-2, 2)) / 2 for _ in range(n_ops)])[None, None, :]
+        at[1] = np.maximum(at[1], 0.0)
+        kpref[1, ..., 1:] = np.cumsum(at[1], axis=2)
+        pref[1, ..., 1:] = np.cumsum(lower_tables(np.moveaxis(at[1], 1, 2), knots, c_lb), axis=1)
     inst.update(pref=pref, knots=knots, kpref=kpref, scen_cs=cs, pct=pct, units=units, kvcpref=kvcpref,
-                theta=float(ctx.mean()), c_lb=c_lb)
+                theta=float(ctx.mean()), c_lb=c_lb, knot_free=knot_free(list(at), n_cfg))
     return inst
 
 
 def workload_problem(inst):
     p = problem_of(inst)
     return p._replace(units=inst["units"], kvcpref=inst["kvcpref"], knots=inst["knots"], kpref=inst["kpref"],
-                      scen_cs=inst["scen_cs"], pct=inst["pct"], theta=inst["theta"])
+                      scen_cs=inst["scen_cs"], pct=inst["pct"], theta=inst["theta"], knot_free=inst["knot_free"])
 
 
 def _interp(knots, values, x):
@@ -160,3 +168,34 @@ def test_bounds_tables_are_below_every_scenario(inst):
              for j in range(p.stage_owner.size) if p.stage_end[j] > p.stage_start[j])
     assert lb <= ev.t_mean * (1 + 1e-9) + 1e-12
     assert lb <= ev.t_rtt * (1 + 1e-9) + 1e-12
+
+
+def test_frontier_dominance_compares_every_knot():
+    """Config B is faster than A at the bound's context but slower at long contexts: B must not
+    drop A from the frontier (knot_free False), or the search returns a dearer plan."""
+    at = np.zeros((2, 2, 2, 1))  # [config, microbatch size, knot, operator]
+    at[0, :, :, 0] = [4.0, 4.0]  # A: the same at every context
+    at[1, :, :, 0] = [1.0, 10.0]  # B: fast when short, slow when long
+    knots = np.array([1.0, 10.0])
+    cs = np.array([[0.0, 1.0, 11.0]])  # one snapshot: slot 0 at context 1, slot 1 at 10
+    c_lb = lower_context(cs, (2,), 1, 2, 0.5)
+    assert c_lb == 1.0
+    pref = np.zeros((2, 2, 2))
+    pref[..., 1:] = np.cumsum(lower_tables(np.moveaxis(at, 2, 3), knots, c_lb), axis=2)
+    kpref = np.zeros((2, 2, 2, 2))
+    kpref[..., 1:] = np.cumsum(at, axis=3)
+    inst = dict(stage_owner=np.array([0]), stage_start=np.array([0]), stage_end=np.array([1]),
+                payload=np.zeros(1), k=1, pref=pref, wpref=np.zeros((2, 2)), kvpref=np.zeros((2, 2)),
+                cfg_tp=np.array([1, 1]), cfg_price=np.array([1.0, 1.0]), cfg_mem=np.array([10.0, 10.0]),
+                cfg_ws=np.zeros(2), cfg_ok=np.ones((1, 2), bool), cfg_gpu=np.array([0, 0]),
+                cfg_node=np.array([8, 8]), cfg_intra_bw=np.array([4.0, 4.0]), intra_lat=0.0,
+                mb_index=np.array([-1, 0, 1]), batches=np.array([2]), max_mu=1, max_rep=2, max_gpus=8.0,
+                bw=1.0, lat=0.0, slo=5.0, units=np.arange(3.0), kvcpref=np.zeros((2, 2)), knots=knots,
+                kpref=kpref, scen_cs=cs, pct=0.5, theta=5.5, knot_free=knot_free(list(at), 2))
+    assert not inst["knot_free"][0, 1]
+    best, _feasible = workload_brute_force(inst)
+    assert best == (2.0, 1.0, (2, 1, ((0, 1),)))  # A, one replica of b = 2: mean 4 x rate 1/2
+    got = run_kernel(inst, True, True, problem=workload_problem(inst))
+    assert (got["cost"], got["ident"]) == (2.0, (2, 1, ((0, 1),)))
+    wrong = workload_problem({**inst, "knot_free": np.ones((2, 2), bool)})
+    assert run_kernel(inst, True, False, problem=wrong)["ident"] != got["ident"]  # the check is live

@@ -158,11 +158,11 @@ def data_quality_warning(chosen_gpus: Iterable[str], unmeasured_gpus: Iterable[s
 
 
 def workload_words(wl: Any) -> str:
-    """'@ 32768 tokens', or for a workload '@ workload θ 32.8k (CV 0.92, max 131071)'."""
+    """'@ 32768 tokens', or for a workload '@ workload θ 32,768 tokens (CV 0.92, max 131071)'."""
     dist = _get(wl, "distribution")
     if not dist:
         return f"@ {_get(wl, 'context_tokens')} tokens"
-    return (f"@ workload θ {_get(dist, 'theta') / 1e3:.1f}k tokens (CV {_get(dist, 'cv'):.2f}, max "
+    return (f"@ workload θ {_get(dist, 'theta'):,.0f} tokens (CV {_get(dist, 'cv'):.2f}, max "
             f"{_get(wl, 'context_tokens')})")
 
 

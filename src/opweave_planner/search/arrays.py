@@ -54,6 +54,7 @@ class SearchArrays:
     scen_cs: np.ndarray  # [n, max B + 1] scenarios' cumulative contexts
     pct: float  # SLO percentile fraction (0: fixed context)
     theta: float  # stationary mean context (a fixed context: ctx)
+    knot_free: np.ndarray | None = None  # [C, C] latency difference the same at every knot
     traffic: Traffic | None = None
 
 
@@ -87,6 +88,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
     kvpref = np.zeros((c_n, n + 1))
     kvcpref = np.zeros((c_n, n + 1))
     kpref = np.zeros((c_n, m_n, knots.size, n + 1))
+    knot_lat = []
     max_out = max(op.out_bytes for op in seq.ops)
     cfg_mem, cfg_ws = np.zeros(c_n), np.zeros(c_n)
     for c, cfg in enumerate(configs):
@@ -104,6 +106,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
             at = np.stack([op_latencies(seq, cfg.gpu, cfg.parallel, int(x), mb_grid, profiles_dir, backend,
                                         req.moe_routing).lat_us.T for x in knots], axis=1)
             at = np.maximum.accumulate(at, axis=1)
+            knot_lat.append(at)
             kpref[c, :, :, 1:] = np.cumsum(at, axis=2)
             pref[c, :, 1:] = np.cumsum(lower_tables(np.moveaxis(at, 1, 2), knots, traffic.c_lb), axis=1)
         cfg_mem[c] = usable_bytes(cfg.gpu, tp, utilization=req.gpu_memory_utilization,
@@ -140,7 +143,19 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
         scen_cs=np.zeros((0, 1)) if traffic is None else traffic.scen_cs,
         pct=0.0 if traffic is None else traffic.pct,
         theta=float(context) if traffic is None else traffic.workload.theta, traffic=traffic,
+        knot_free=knot_free(knot_lat, c_n),
     )
+
+
+def knot_free(knot_lat: list[np.ndarray], c_n: int) -> np.ndarray:
+    """[a, b]: every operator's latency differs between configs a and b by the same amount at
+    every knot (exactly), so frontier dominance need not compare the knots."""
+    free = np.ones((c_n, c_n), bool)
+    for a in range(len(knot_lat)):
+        for b in range(len(knot_lat)):
+            d = knot_lat[a] - knot_lat[b]
+            free[a, b] = bool((d == d[:, :1, :]).all())
+    return free
 
 
 @dataclass(frozen=True)
@@ -185,7 +200,7 @@ def make_problem(arrays: SearchArrays, st: StageArrays, req: PlanRequest, *, bat
         intra_lat=arrays.intra_lat, slo=slo_us, latency_objective=latency_objective,
         max_nodes=float("inf") if req.max_nodes is None else req.max_nodes,
         prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS), units=arrays.units, kvcpref=arrays.kvcpref,
-        knots=arrays.knots,
+        knots=arrays.knots, knot_free=arrays.knot_free,
         kpref=arrays.kpref, scen_cs=arrays.scen_cs, pct=arrays.pct, theta=arrays.theta)))
 
 

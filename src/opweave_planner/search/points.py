@@ -31,6 +31,7 @@ class OwnerTables(NamedTuple):
     # what dominance compares, per stage: its time, then (a workload) its time at every context
     # knot, so a dropped point is no faster than its dominator at any context
     dom: np.ndarray  # float64[k, C, M, L (1 + G)]
+    knot_free: np.ndarray  # bool[C, C]: Problem.knot_free
     pair_payload: np.ndarray  # float64[k, k]: boundary bytes per request, sender -> receiver
     n_cross: np.ndarray  # float64[k, k]: boundaries per owner pair
 
@@ -57,8 +58,15 @@ class Points(NamedTuple):
 def owner_tables(p):
     owner, start, end, payload, ok = p.stage_owner, p.stage_start, p.stage_end, p.payload, p.cfg_ok
     pref, wpref, kvpref, kvcpref, fixed, kpref = p.pref, p.wpref, p.kvpref, p.kvcpref, p.cfg_stage_fixed, p.kpref
-    s, k, n_g = owner.shape[0], p.k, p.knots.shape[0]
+    s, k = owner.shape[0], p.k
     n_cfg, n_mb = pref.shape[0], pref.shape[1]
+    # knot times matter to dominance only between two configurations of equal TP whose latency
+    # difference varies with the context (knot_free: it does not, e.g. EP vs TP experts)
+    n_g = 0
+    for a in range(n_cfg):
+        for b in range(a + 1, n_cfg):
+            if p.cfg_tp[a] == p.cfg_tp[b] and not p.knot_free[a, b]:
+                n_g = p.knots.shape[0]
     count = np.zeros(k, np.int64)
     for j in range(s):
         count[owner[j]] += 1
@@ -91,7 +99,7 @@ def owner_tables(p):
                 dom[o, c, m, base] = tab[o, c, m, pos[j]]
                 for g in range(n_g):
                     dom[o, c, m, base + 1 + g] = stage_time(kpref[c, m, g], start[j], end[j], fixed[c])
-    return OwnerTables(tab, count, pos, wown, kvown, kvcown, dom, pair_payload, n_cross)
+    return OwnerTables(tab, count, pos, wown, kvown, kvcown, dom, p.knot_free, pair_payload, n_cross)
 
 
 @njit(cache=True)
@@ -135,13 +143,14 @@ def build_points(p, ot, o, B, mu, pts):
 
 
 @hot
-def _dominates(tab, length, r, c, m, a, b):
-    """Point a no worse than b in cost rate and every stage time, strictly somewhere."""
+def _dominates(tab, length, step, r, c, m, a, b):
+    """Point a no worse than b in cost rate and every stage time, strictly somewhere (every
+    `step`-th entry of the dominance table: 1 compares the knot times too)."""
     if r[a] > r[b]:
         return False
     strict = r[a] < r[b]
     ca, ma, cb, mb = c[a], m[a], c[b], m[b]
-    for i in range(length):
+    for i in range(0, length, step):
         x, y = tab[ca, ma, i], tab[cb, mb, i]
         if x > y:
             return False
@@ -156,6 +165,7 @@ def pareto_filter(p, ot, o, cross_type, pts, counters):
     sizes and GPU count), with no dearer NCCL call, and across GPU types only when no candidate
     of this (B, mu) fits in one node (otherwise the GPU type decides the link)."""
     tp, gpu, tx, tab, length = p.cfg_tp, p.cfg_gpu, p.cfg_transfer_fixed, ot.dom[o], ot.dom.shape[3]
+    knot_free, stride = ot.knot_free, ot.dom.shape[3] // ot.tab.shape[3]
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     npts = pts.count[o]
     keep = pts.keep
@@ -168,7 +178,8 @@ def pareto_filter(p, ot, o, cross_type, pts, counters):
                 continue
             if tx[pc[a]] > tx[pc[b]]:  # a's hand-offs would cost more: not safe to drop b
                 continue
-            if _dominates(tab, length, pr, pc, pm, a, b):
+            step = stride if knot_free[pc[a], pc[b]] else 1
+            if _dominates(tab, length, step, pr, pc, pm, a, b):
                 keep[b] = False
     w = 0
     for a in range(npts):

@@ -69,6 +69,9 @@ class Problem(NamedTuple):
     knots: np.ndarray | None = None  # float64[G]: context knots (G = 0: fixed context)
     kpref: np.ndarray | None = None  # float64[C, M, G, N+1]: latency prefix sums at each knot
     scen_cs: np.ndarray | None = None  # float64[n_scenarios, max B + 1]: cumulative context over slots
+    # knot_free[a, b]: configs a and b differ by the same latency at every knot (dominance at
+    # one context is dominance at all); None: True for a fixed context, False for a workload
+    knot_free: np.ndarray | None = None  # bool[C, C]
     pct: float = 0.0  # SLO percentile as a fraction (0.95)
     theta: float = 0.0  # stationary mean context (what the plan's stage figures are shown at)
 
@@ -188,6 +191,7 @@ def check_problem(p: Problem) -> Problem:
     _check(p.units.shape[0] >= int(p.batches.max()) + 1, "units does not cover every resident count")
     g_n = p.knots.shape[0]
     _check(p.kpref.shape == (c_n, m_n, g_n, n1), "kpref is not [C, M, G, N+1]")
+    _check(p.knot_free.shape == (c_n, c_n), "knot_free is not [C, C]")
     if g_n:
         _check(g_n >= 2 and bool((np.diff(p.knots) > 0).all()), "knots not increasing")
         _check(p.scen_cs.shape[0] >= 1 and p.scen_cs.shape[1] >= int(p.batches.max()) + 1,
@@ -216,7 +220,9 @@ def typed(p: Problem) -> Problem:
         kvcpref=np.zeros_like(p.kvpref) if p.kvcpref is None else p.kvcpref,
         knots=np.zeros(0) if p.knots is None else p.knots,
         kpref=np.zeros((c_n, m_n, 0, n1)) if p.kpref is None else p.kpref,
-        scen_cs=np.zeros((0, 1)) if p.scen_cs is None else p.scen_cs)
+        scen_cs=np.zeros((0, 1)) if p.scen_cs is None else p.scen_cs,
+        knot_free=np.full((c_n, c_n), p.knots is None or not len(p.knots), np.bool_) if p.knot_free is None
+        else p.knot_free)
     return p._replace(
         stage_owner=np.ascontiguousarray(p.stage_owner, np.int64),
         stage_start=np.ascontiguousarray(p.stage_start, np.int64),
@@ -233,6 +239,7 @@ def typed(p: Problem) -> Problem:
         prune_factor=float(p.prune_factor),
         units=np.ascontiguousarray(p.units, np.float64), knots=np.ascontiguousarray(p.knots, np.float64),
         kpref=np.ascontiguousarray(p.kpref, np.float64), scen_cs=np.ascontiguousarray(p.scen_cs, np.float64),
+        knot_free=np.ascontiguousarray(p.knot_free, np.bool_),
         pct=float(p.pct), theta=float(p.theta))
 
 

@@ -33,6 +33,10 @@ from opweave_planner.inputs.workload import Workload, kv_sum_bounds, scenarios
 from opweave_planner.search.evaluate import order_index
 from opweave_planner.structure.operators import Operator
 
+KV_SUM_GRID = 1 << 18  # the KV tail's convolution grid: an upper bound at any size; measured on
+# the Mooncake sample scaled to 32k over the 27 resident counts of the default grid, this one is
+# at most 0.54 % above the default grid's figure, its gap to the lower bound at most 1.4 %, and
+# the 27 quantiles take 0.33 s instead of 1.22 s
 KNOTS = 32  # geometric knots over the law's support, plus its mean (never c_lb: the knots must not
 # depend on the grid, so `simulate` of one plan reproduces the search's figures)
 
@@ -99,7 +103,7 @@ def build_traffic(req: PlanRequest) -> Traffic:
     c_lb = lower_context(cs, req.batches, req.max_microbatches, req.max_replicas, pct)
     units = np.arange(top + 1, dtype=np.float64) * wl.max_context  # never read: every count is filled below
     for n in resident_counts(req):
-        tail = kv_sum_bounds(wl, n, req.kv_quantile, 1.0)[1]
+        tail = kv_sum_bounds(wl, n, req.kv_quantile, 1.0, grid=KV_SUM_GRID)[1]
         units[n] = max(tail, wl.max_context + (n - 1) * wl.min_context)
     return Traffic(wl, cs, _knots(wl, (wl.theta,)), c_lb, pct, units)
 
