@@ -102,10 +102,7 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
         else:
             parts = np.array([kv_parts(op, tp, traffic.workload.max_context, kv_shard) for op in seq.ops])
             kvpref[c, 1:], kvcpref[c, 1:] = np.cumsum(parts[:, 0]), np.cumsum(parts[:, 1])
-            # [M, G, N]: latency at each knot, made nondecreasing in context
-            at = np.stack([op_latencies(seq, cfg.gpu, cfg.parallel, int(x), mb_grid, profiles_dir, backend,
-                                        req.moe_routing).lat_us.T for x in knots], axis=1)
-            at = np.maximum.accumulate(at, axis=1)
+            at = _knot_latencies(seq, cfg, req, knots)
             knot_lat.append(at)
             kpref[c, :, :, 1:] = np.cumsum(at, axis=2)
             pref[c, :, 1:] = np.cumsum(lower_tables(np.moveaxis(at, 1, 2), knots, traffic.c_lb), axis=1)
@@ -145,6 +142,13 @@ def build_arrays(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> Searc
         theta=float(context) if traffic is None else traffic.workload.theta, traffic=traffic,
         knot_free=knot_free(knot_lat, c_n),
     )
+
+
+def _knot_latencies(seq: OperatorSequence, cfg: Config, req: PlanRequest, knots: np.ndarray) -> np.ndarray:
+    """[M, G, N]: every operator's latency at each context knot, made nondecreasing in context."""
+    at = np.stack([op_latencies(seq, cfg.gpu, cfg.parallel, int(x), req.microbatch_grid(), req.profiles,
+                                req.backend, req.moe_routing).lat_us.T for x in knots], axis=1)
+    return np.maximum.accumulate(at, axis=1)
 
 
 def knot_free(knot_lat: list[np.ndarray], c_n: int) -> np.ndarray:
