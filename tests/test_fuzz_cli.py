@@ -127,6 +127,55 @@ def test_fuzz_plan_command(tmp_path_factory, case):
         read_plan(work / out)  # the plan, or the infeasibility record, was written whole
 
 
+# --------------------------------------------------------------------------- a workload instead of --ctx
+
+TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
+WORKLOAD_OPTIONS = {
+    "--workload": [str(TRACES / "azure-conv-sample.csv"), str(TRACES / "law-mooncake-like.toml"),
+                   "lognormal:mean=2k,cv=1;out=geometric:mean=50", "fixed:mean=1k;out=fixed:mean=10",
+                   "nope.csv", "lognormal:mean=-1", "", "zzz:1", "fixed:mean=1k"],
+    "--scale-ctx": ["2k", "1k", "0", "abc", "99999999999999999999"],
+    "--max-model-len": ["16k", "8k", "1", "0", "x"],
+    "--overflow": ["clip", "drop", "wrap"],
+    "--slo-percentile": ["95", "50", "99.9", "0", "100", "abc", "nan"],
+    "--kv-quantile": ["0.999", "0.5", "0", "1", "x", "nan"],
+    "--scenarios": ["16", "64", "3", "0", "x"],
+    "--seed": ["0", "7", "-1", "x"],
+}
+WORKLOAD_VALID = {"--workload": 4, "--scale-ctx": 2, "--max-model-len": 2, "--overflow": 2,
+                  "--slo-percentile": 3, "--kv-quantile": 2, "--scenarios": 2, "--seed": 2}
+
+
+@st.composite
+def workload_argv(draw):
+    chosen = draw(st.lists(pick(sorted(WORKLOAD_OPTIONS)), max_size=4, unique=True))
+    values = {flag: draw(mostly_valid(WORKLOAD_OPTIONS[flag], WORKLOAD_VALID[flag])) for flag in chosen}
+    base = {"--model": "llama-3.1-8b", "--slo": "60ms", "--workload": WORKLOAD_OPTIONS["--workload"][0],
+            "--gpus": "h100", "--policy": "colocated", "--batches": "8,16", "--max-owners": "1",
+            "--scenarios": "16"}
+    argv = [x for flag, v in {**base, **values}.items() for x in (flag, v)]
+    if draw(st.booleans()):
+        argv += ["--ctx", "8k"]  # both: refused in one line
+    out = draw(st.one_of(st.none(), pick(OUT_NAMES)))
+    return [*argv, "-q"], out
+
+
+@settings(max_examples=budget(0.2))
+@given(workload_argv())
+def test_fuzz_workload_plan_command(tmp_path_factory, case):
+    argv, out = case
+    work = tmp_path_factory.mktemp("wplan")
+    (work / "afile").write_text("x")
+    (work / "adir").mkdir()
+    if out is not None:
+        argv = [*argv, "--out", str(work / out)]
+    ran = run_cli(*argv)
+    check(ran, work)
+    if out is not None and ran.code in (0, 3):
+        doc = read_plan(work / out)  # the plan, or the infeasibility record, was written whole
+        assert doc.workload.distribution is not None
+
+
 # --------------------------------------------------------------------------- tampered plans
 
 JUNK = [None, True, False, 0, -1, 1, 3, 2**63, 10**30, 1.5, -0.5, 0.0, 1e308, "", "x", "1",
