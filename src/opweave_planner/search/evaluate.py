@@ -23,7 +23,8 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from opweave_planner.schedule.kernels import (
     busy_fractions,
@@ -286,42 +287,79 @@ def evaluate_workload_into(p, B, mu, sc, stop_early):
     return vals[kk - 1], vals.sum() / n
 
 
+def leaf_tpot(p, B, mu, sc, workload):
+    """(checked TPOT, mean TPOT) µs of the selection in sc: the workload's percentile and mean
+    over its snapshots, or the fixed context's round trip twice (Python reference)."""
+    if workload:
+        return evaluate_workload_into(p, B, mu, sc, True)
+    t = evaluate_into(p, mu, sc)
+    return t, t
+
+
+@overload(leaf_tpot, prefer_literal=True)
+def _leaf_tpot(p, B, mu, sc, workload):
+    # `workload` arrives as a literal (numba.literally in the search), so only the path in use
+    # is compiled: a fixed-context run never compiles the workload kernels, nor the reverse
+    if not isinstance(workload, types.BooleanLiteral):
+        return None
+    if workload.literal_value:
+        return lambda p, B, mu, sc, workload: evaluate_workload_into(p, B, mu, sc, True)
+
+    def fixed(p, B, mu, sc, workload):
+        t = evaluate_into(p, mu, sc)
+        return t, t
+
+    return fixed
+
+
 @njit(cache=True)
-def _evaluate_detail(p, B, mu, cfg, mb, replicas):
-    s, k = p.stage_owner.shape[0], p.k
+def _selected(p, cfg, mb, replicas):
     sc = new_scratch(p, np.inf)
-    for o in range(k):
+    for o in range(p.k):
         sc.cfg[o], sc.mb[o], sc.rep[o] = cfg[o], mb[o], replicas[o]
         sc.bh[o] = p.mb_grid[mb[o]]
-    samples = np.zeros(0)
-    if p.knots.shape[0]:
-        t_check, t_mean = evaluate_workload_into(p, B, mu, sc, False)
-        samples = np.sort(sc.samples[:p.scen_cs.shape[0] * (sc.rep[0] if k == 1 else 1)])
-        g, w = locate(p.knots, p.theta)  # stage figures shown at the stationary mean context
-        for j in range(s):
-            sc.t[j] = knot_time(sc.kt, j, g, w)
-        t_show = simulate_rtt_scratch(p.stage_owner, sc.t, sc.occ, sc.latv, mu, k, sc.fbuf, sc.ibuf)
-    else:
-        t_check = evaluate_into(p, mu, sc)
-        t_mean = t_show = t_check
-    t, occ, latv, bh = sc.t, sc.occ, sc.latv, sc.bh
+    return sc
+
+
+@njit(cache=True)
+def _fixed_detail(p, B, mu, cfg, mb, replicas):
+    sc = _selected(p, cfg, mb, replicas)
+    t = evaluate_into(p, mu, sc)
+    return t, t, t, np.zeros(0), sc
+
+
+@njit(cache=True)
+def _workload_detail(p, B, mu, cfg, mb, replicas):
+    sc = _selected(p, cfg, mb, replicas)
+    t_check, t_mean = evaluate_workload_into(p, B, mu, sc, False)
+    samples = np.sort(sc.samples[:p.scen_cs.shape[0] * (sc.rep[0] if p.k == 1 else 1)])
+    g, w = locate(p.knots, p.theta)  # stage figures shown at the stationary mean context
+    for j in range(p.stage_owner.shape[0]):
+        sc.t[j] = knot_time(sc.kt, j, g, w)
+    t_show = simulate_rtt_scratch(p.stage_owner, sc.t, sc.occ, sc.latv, mu, p.k, sc.fbuf, sc.ibuf)
+    return t_check, t_mean, t_show, samples, sc
+
+
+@njit(cache=True)
+def _figures(p, mu, cfg, mb, replicas, sc, t_show):
+    """Everything else a plan states about the selection in sc (stage vectors already there)."""
+    s, k = p.stage_owner.shape[0], p.k
     measured = np.empty(s)
     gpus = plan_gpus(p, cfg, replicas)
     _bw, _lat, intra = plan_link(p, cfg, gpus)
     for j in range(s):
         o = p.stage_owner[j]
         measured[j] = range_sum(p.mpref[cfg[o], mb[o]], p.stage_start[j], p.stage_end[j])
-    comp, egr, ing = busy_fractions(p.stage_owner, t, occ, mu, k, t_show)
+    comp, egr, ing = busy_fractions(p.stage_owner, sc.t, sc.occ, mu, k, t_show)
     kind, index = critical_resource(comp, egr, ing)
     need = np.empty(k)
     usable = np.empty(k)
     rsum = 0.0
     for o in range(k):
-        need[o] = owner_need(p, o, cfg[o], mu, bh[o])
+        need[o] = owner_need(p, o, cfg[o], mu, sc.bh[o])
         usable[o] = p.cfg_mem[cfg[o]]
-        rsum += cost_rate(p.latency_objective, k, p.cfg_price[cfg[o]], p.cfg_tp[cfg[o]], mu, bh[o])
-    return (t_check, t_mean, t_show, samples, t, occ, latv, measured, gpus, intra, comp, kind, index, need,
-            usable, rsum)
+        rsum += cost_rate(p.latency_objective, k, p.cfg_price[cfg[o]], p.cfg_tp[cfg[o]], mu, sc.bh[o])
+    return measured, gpus, intra, comp, kind, index, need, usable, rsum
 
 
 class Evaluation(NamedTuple):
@@ -367,7 +405,9 @@ class Evaluation(NamedTuple):
 
 def evaluate(p: Problem, sel: Selection) -> Evaluation:
     """Evaluate one Selection exactly as the search leaf scored it."""
-    out = _evaluate_detail(p, sel.batch, sel.mu, sel.cfg, sel.mb, sel.replicas)
-    t_rtt, t_mean, t_show, samples, t, occ, latv, measured, gpus, intra, comp, kind, index, need, usable, rate = out
-    return Evaluation(float(t_rtt), float(t_mean), float(t_show), samples, t, occ, latv, measured, float(gpus),
-                      bool(intra), comp, int(kind), int(index), need, usable, float(rate))
+    detail = _workload_detail if p.knots.shape[0] else _fixed_detail
+    t_rtt, t_mean, t_show, samples, sc = detail(p, sel.batch, sel.mu, sel.cfg, sel.mb, sel.replicas)
+    measured, gpus, intra, comp, kind, index, need, usable, rate = _figures(
+        p, sel.mu, sel.cfg, sel.mb, sel.replicas, sc, t_show)
+    return Evaluation(float(t_rtt), float(t_mean), float(t_show), samples, sc.t, sc.occ, sc.latv, measured,
+                      float(gpus), bool(intra), comp, int(kind), int(index), need, usable, float(rate))

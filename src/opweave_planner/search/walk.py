@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 from numba import njit
 
 from opweave_planner.search.bounds import lower_bound
 from opweave_planner.search.evaluate import (
     NODE_TOL,
-    evaluate_into,
-    evaluate_workload_into,
+    leaf_tpot,
     new_scratch,
     plan_gpus,
     plan_link,
@@ -56,17 +56,14 @@ def _select(pts, sc, k):
 
 
 @njit(cache=True)
-def _leaf(h, p, pts, sc, B, mu):
+def _leaf(h, p, pts, sc, B, mu, workload):
     """Simulate a complete assignment that survived the bounds; keep it if it is the best."""
+    numba.literally(workload)
     if plan_nodes(h, sc.cfg, sc.rep) > h.max_nodes:
         sc.counters[C_BOUND] += 1
         return
     sc.counters[C_SIM] += 1
-    if p.knots.shape[0]:  # a workload: percentile TPOT against the SLO, mean TPOT for the cost
-        trtt, tmean = evaluate_workload_into(p, B, mu, sc, True)
-    else:
-        trtt = evaluate_into(p, mu, sc)
-        tmean = trtt
+    trtt, tmean = leaf_tpot(p, B, mu, sc, workload)  # a workload: percentile for the SLO, mean for the cost
     if trtt > h.slo_cap:
         return
     rsum = 0.0
@@ -149,7 +146,8 @@ def _collect(h, ot, B, mu, pts):
 
 
 @njit(cache=True)
-def _search(p, seed_cost, use_pareto, use_bnb):
+def _search(p, seed_cost, use_pareto, use_bnb, workload):
+    numba.literally(workload)
     ot = owner_tables(p)
     pts = new_points(p)
     sc = new_scratch(p, seed_cost)
@@ -176,14 +174,15 @@ def _search(p, seed_cost, use_pareto, use_bnb):
                     pareto_filter(h, ot, o, not one_node, pts, sc.counters)
                 sort_points(pts, o)
             while walk(h, ot, pts, sc, B, mu, opt_link):
-                _leaf(h, p, pts, sc, B, mu)
+                _leaf(h, p, pts, sc, B, mu, workload)
     return sc.best_f, sc.best_i, sc.counters
 
 
 def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,
                     use_bnb: bool = True) -> SearchResult:
     """The cheapest SLO-feasible Selection of one template's Problem over every (B, mu)."""
-    best_f, best_i, counters = _search(p, float(seed_cost), bool(use_pareto), bool(use_bnb))
+    best_f, best_i, counters = _search(p, float(seed_cost), bool(use_pareto), bool(use_bnb),
+                                       bool(p.knots.shape[0]))
     k = p.k
     found = bool(np.isfinite(best_f[0]))
     sel = Selection(int(best_i[0]), int(best_i[1]), best_i[2::3][:k].copy(), best_i[3::3][:k].copy(),
