@@ -178,11 +178,23 @@ def _search(p, seed_cost, use_pareto, use_bnb, workload):
     return sc.best_f, sc.best_i, sc.counters
 
 
+@njit(cache=True)
+def _search_fixed(p, seed_cost, use_pareto, use_bnb):
+    # the flag is a constant here, so _search is compiled once per mode, at compile time (a
+    # Python bool through numba.literally would re-dispatch on every call)
+    return _search(p, seed_cost, use_pareto, use_bnb, False)
+
+
+@njit(cache=True)
+def _search_workload(p, seed_cost, use_pareto, use_bnb):
+    return _search(p, seed_cost, use_pareto, use_bnb, True)
+
+
 def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,
                     use_bnb: bool = True) -> SearchResult:
     """The cheapest SLO-feasible Selection of one template's Problem over every (B, mu)."""
-    best_f, best_i, counters = _search(p, float(seed_cost), bool(use_pareto), bool(use_bnb),
-                                       bool(p.knots.shape[0]))
+    run = _search_workload if p.knots.shape[0] else _search_fixed
+    best_f, best_i, counters = run(p, float(seed_cost), bool(use_pareto), bool(use_bnb))
     k = p.k
     found = bool(np.isfinite(best_f[0]))
     sel = Selection(int(best_i[0]), int(best_i[1]), best_i[2::3][:k].copy(), best_i[3::3][:k].copy(),
