@@ -10,7 +10,7 @@ import pytest
 from cli_helpers import cli
 
 from opweave_planner.executor import LOST, LocalExecutor, RayExecutor
-from opweave_planner.regen import load_matrix, regen
+from opweave_planner.regen import CACHE_FILE, load_matrix, regen
 
 MATRIX = """
 prices = "prices.toml"
@@ -53,6 +53,7 @@ def test_regen_twice_then_price_edit_rewrites_exactly_the_affected(matrix, tmp_p
     first = regen(matrix, out)
     assert first.exit_code == 1 and first.count("new") == 6
     before = snapshot(out)
+    (out / CACHE_FILE).unlink()  # re-plan every entry (otherwise unchanged inputs skip the search)
     again = regen(matrix, out, jobs=2)  # parallel: byte-identical, so nothing to rewrite
     assert again.exit_code == 0 and again.count("unchanged") == 6
     assert snapshot(out) == before
@@ -68,6 +69,36 @@ def test_regen_twice_then_price_edit_rewrites_exactly_the_affected(matrix, tmp_p
     assert any("cost:" in f.summary for f in edited.files if f.status == "changed")
 
 
+def test_unchanged_inputs_skip_the_search_and_any_change_replans(matrix, tmp_path, monkeypatch):
+    from opweave_planner import api
+
+    out = tmp_path / "plans"
+    regen(matrix, out)
+    before = snapshot(out)
+    real_plan = api.plan
+
+    def no_search(*a, **kw):
+        raise AssertionError("re-planned an entry whose inputs did not change")
+
+    monkeypatch.setattr(api, "plan", no_search)
+    again = regen(matrix, out)
+    assert again.exit_code == 0 and again.count("unchanged") == 6 and snapshot(out) == before
+    assert all("not re-planned" in f.note for f in again.files)
+    # a hand-edited file, or a price change, is re-planned (and only those entries)
+    monkeypatch.setattr(api, "plan", real_plan)
+    edited = sorted(out.glob("*.json"))[0]
+    edited.write_bytes(edited.read_bytes() + b" ")
+    (tmp_path / "prices.toml").write_text("h100 = 3.49\na100 = 1.914\n")
+    seen = []
+    monkeypatch.setattr(api, "plan", lambda req, **kw: (seen.append(req), real_plan(req, **kw))[1])
+    third = regen(matrix, out)
+    assert third.exit_code == 1
+    replanned = {str(r.gpus) for r in seen}
+    assert len(seen) == sum("a100" in n for n in before) + ("a100" not in edited.name)
+    assert all("a100" in g for g in replanned - {str(load_matrix(matrix)[0].request.gpus)})
+    assert edited.read_bytes() != before[edited.name][0] + b" "  # restored to the planner's bytes
+
+
 def test_regen_cli_exit_codes_and_stale_files(matrix, tmp_path):
     out = tmp_path / "plans"
     r1 = cli("regen", "--matrix", str(matrix), "--out", str(out), "--jobs", "2")
@@ -78,7 +109,7 @@ def test_regen_cli_exit_codes_and_stale_files(matrix, tmp_path):
     r2 = cli("regen", "--matrix", str(matrix), "--out", str(out))
     assert r2.returncode == 0 and "not in the matrix" in r2.stdout, r2.stderr
     assert "unrelated" not in r2.stdout
-    assert r2.stderr.count("(unchanged)") == 6  # one line per entry
+    assert r2.stderr.count("(unchanged") == 6  # one line per entry
     r3 = cli("regen", "--matrix", str(matrix), "--out", str(out), "--prune")
     assert r3.returncode == 1 and not (out / "old_entry.json").exists()
     assert (out / "unrelated.json").exists()

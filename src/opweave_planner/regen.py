@@ -43,11 +43,15 @@ more than `hysteresis` % dearer than the best. Hysteresis 0 is exactly the plain
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from opweave_planner.errors import UserError
 
@@ -485,9 +489,24 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
         raise UserError(f"--out: cannot create folder '{out}' ({exc.strerror})") from None
     check_writable(out / ".opweave-regen-probe", "--out")
     changes: dict[int, FileChange] = {}
+    cache = _load_cache(out)
+    prints = {t.name: fingerprint(t.request, hysteresis) for t in tasks}
+    todo = []
+    for i, t in enumerate(tasks):  # inputs, code and file as last written: the search would repeat itself
+        seen = cache.get(t.name)
+        if (isinstance(seen, dict) and seen.get("fingerprint") == prints[t.name]
+                and seen.get("sha256") == _file_sha(out / t.name)):
+            note = "; ".join(x for x in (seen.get("note") or "", "inputs unchanged: not re-planned") if x)
+            changes[i] = FileChange(t.name, "unchanged", kept=bool(seen.get("kept")),
+                                    premium_pct=seen.get("premium_pct"), note=note)
+            if log:
+                log(_entry_line(len(changes), len(tasks), changes[i], _previous(out / t.name)))
+        else:
+            todo.append(i)
 
     def finished(res) -> None:
-        task = tasks[res.index]
+        index = todo[res.index]
+        task = tasks[index]
         value = None
         if not res.ok:
             tries = f" after {res.attempts} attempt{'s' if res.attempts > 1 else ''}"
@@ -510,15 +529,24 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
                     else:
                         summary, kind = _change_summary(old, value)
                         change = FileChange(task.name, "changed", summary, kind, **decided)
-        changes[res.index] = change
+        changes[index] = change
+        if change.status == "failed":
+            cache.pop(task.name, None)
+        else:
+            cache[task.name] = {"fingerprint": prints[task.name], "sha256": hashlib.sha256(value).hexdigest(),
+                                "kept": change.kept, "premium_pct": change.premium_pct, "note": change.note}
         if log:
             log(_entry_line(len(changes), len(tasks), change, value))
 
-    if hysteresis > 0:
-        jobs_ = [RegenJob(t, _previous(out / t.name), hysteresis) for t in tasks]
-        executor.map(run_job, jobs_, [t.name for t in tasks], on_result=finished)
-    else:  # exactly the plain regeneration
-        executor.map(run_task, tasks, [t.name for t in tasks], on_result=finished)
+    run = [tasks[i] for i in todo]
+    try:
+        if hysteresis > 0:
+            jobs_ = [RegenJob(t, _previous(out / t.name), hysteresis) for t in run]
+            executor.map(run_job, jobs_, [t.name for t in run], on_result=finished)
+        else:  # exactly the plain regeneration
+            executor.map(run_task, run, [t.name for t in run], on_result=finished)
+    finally:
+        write_atomic(out / CACHE_FILE, orjson.dumps(cache, option=orjson.OPT_SORT_KEYS), field="--out")
     files = [changes[i] for i in range(len(tasks))]
     produced = {t.name for t in tasks}
     if out.is_dir():
@@ -530,6 +558,54 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
                 else:
                     files.append(FileChange(stale.name, "stale", "not in the matrix"))
     return RegenReport(executor.name, len(tasks), files, hysteresis)
+
+
+# what regen last wrote into --out, per file: the entry's input fingerprint and the file's sha256
+CACHE_FILE = ".opweave-regen-cache"
+
+
+@functools.lru_cache(maxsize=1)
+def code_hash() -> str:
+    """sha256 of the installed package (code and shipped data): a new release, or any edit,
+    re-plans every entry."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".nbi", ".nbc"):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def fingerprint(req, hysteresis: float = 0.0) -> str:
+    """Everything a plan depends on: the code, the request, and the content of every input it
+    reads (model file, the searched GPU types' catalog entries, prices and profile files, the
+    network, a workload file). Equal fingerprints give equal plan bytes."""
+    from types import SimpleNamespace
+
+    from opweave_planner.inputs.model import load_model
+    from opweave_planner.plan import provenance
+    from opweave_planner.search.driver import hardware_for
+
+    prov = provenance(hardware_for(req), SimpleNamespace(model=load_model(req.model)), req.gpus, req.profiles,
+                      req.backend)
+    parts = [code_hash(), req.model_dump_json(), prov.model_dump_json(), repr(float(hysteresis))]
+    if req.workload is not None and Path(req.workload).is_file():
+        parts.append(_file_sha(Path(req.workload)))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _file_sha(path: Path) -> str | None:
+    data = _previous(path)
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def _load_cache(out: Path) -> dict:
+    data = _previous(out / CACHE_FILE)
+    try:
+        cache = orjson.loads(data) if data else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return cache if isinstance(cache, dict) else {}
 
 
 def _previous(path: Path) -> bytes | None:
