@@ -75,8 +75,10 @@ def test_simulate_checks_a_fixed_context_plan_against_a_trace(tmp_path):
     fixed = _plan(slo="30ms", ctx="8k")
     path = tmp_path / "fixed.json"
     path.write_bytes(plan_bytes(fixed))
+    assert evaluate_plan(read_plan(path)).inputs_changed == []
     ev = evaluate_plan(read_plan(path), workload=str(MOONCAKE), scale_ctx="8k")
     assert ev.plan.tpot is not None and ev.plan.workload.distribution.sha256
+    assert ev.inputs_changed == ["workload"]
     assert ev.plan.tpot_ms >= ev.plan.tpot.p50_ms
     ran = run_cli("simulate", path, "--workload", MOONCAKE, "--scale-ctx", "8k", "--json")
     info = orjson.loads(ran.out)

@@ -477,6 +477,8 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evalu
     memory = [(float(n), float(u)) for n, u in zip(ev.memory_need, ev.memory_usable, strict=True)]
     changed = [label for key, label in _PROVENANCE_INPUTS
                if getattr(plan.provenance, key) != getattr(new.provenance, key)]
+    if plan.workload.model_dump(exclude={"tpot_slo_ms"}) != new.workload.model_dump(exclude={"tpot_slo_ms"}):
+        changed.append("workload")  # another trace, another shaping, or a fixed context instead
     return Evaluation(
         plan=new, previous=plan,
         meets_slo=new.tpot_ms <= plan.workload.tpot_slo_ms * (1 + 1e-12),
