@@ -35,7 +35,7 @@ def test_a_workload_plan_records_its_workload_and_tpot_distribution():
     assert d.rows == 2006 and d.requests + d.dropped == d.rows
     assert abs(d.theta - 8192) < 1 and d.slo_percentile == 95 and d.kv_quantile == 0.999
     assert d.scenarios == 256 and d.seed == 0 and d.context_knots >= 2
-    assert doc.workload.context_tokens == d.max_context  # what a runtime's max-model-len must admit
+    assert doc.workload.context_tokens == d.max_context + 1  # prompt + output: what max-model-len must admit
     t = doc.tpot
     assert doc.tpot_ms == t.p95_ms <= doc.workload.tpot_slo_ms
     assert t.p50_ms <= t.p95_ms <= t.p99_ms <= t.max_ms

@@ -91,7 +91,8 @@ class Workload(_Frozen):
     """The request the plan serves."""
 
     context_tokens: StrictInt = _f("Context length per request that KV/state must fit, tokens (a workload: "
-                                   "its longest context, what a runtime's max-model-len must admit)", ge=1)
+                                   "its longest request, prompt + output, what a runtime's max-model-len "
+                                   "must admit)", ge=1)
     tpot_slo_ms: float = _f("Time-per-output-token SLO, milliseconds", gt=0)
     distribution: Distribution | None = _f("The request-length workload (absent: every request at "
                                            "context_tokens); added in schema 1.3", default=None)

@@ -334,8 +334,9 @@ class PlanRequest(BaseModel):
 
     @property
     def context_tokens(self) -> int:
-        """The context every request must fit: --ctx, or the workload's longest context."""
-        return self.ctx if self.ctx is not None else int(self.traffic().max_context)
+        """The length every request must fit: --ctx, or the workload's longest request (prompt +
+        output: its last token is produced at context max_context, so max_context + 1)."""
+        return self.ctx if self.ctx is not None else int(self.traffic().max_context) + 1
 
     @property
     def reserve_gb(self) -> float:
