@@ -569,6 +569,7 @@ def test_out_of_range_workload_settings_name_the_flag(flag, value, no_search):
 @pytest.mark.parametrize("argv", [
     ("--ctx", "8k", "--workload", str(EXAMPLE_TRACE)), ("--ctx", "8k", "--slo-percentile", "90"),
     ("--ctx", "8k", "--scale-ctx", "32k"), ("--ctx", "8k", "--max-model-len", "16k"),
+    ("--ctx", "8k", "--seed", "3"), ("--ctx", "8k", "--scenarios", "64"), ("--ctx", "8k", "--kv-quantile", "0.5"),
 ])
 def test_workload_settings_need_a_workload(argv, no_search):
     ran = run_cli(*WORKLOAD_BASE, *argv)

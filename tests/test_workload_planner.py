@@ -118,3 +118,25 @@ def test_regen_and_compare_take_workloads(tmp_path):
                    batches=(8, 16), max_owners=1, tensor_parallel_sizes=(1,), max_replicas=1)
     cell = grid["cells"][0]
     assert cell["policies"]["colocated"].get("usd_per_million_tokens") is not None
+
+
+def test_a_one_token_workload_plans():
+    doc = _plan(slo="30ms", workload="fixed:0;out=fixed:1", scenarios=16)
+    assert doc.workload.distribution.max_context <= 1 and doc.tpot is not None
+
+
+def test_a_sized_workload_plan_stays_1_3_and_sizes_on_the_mean(tmp_path):
+    doc = _plan(slo="30ms", workload=str(AZURE), policy="colocated", target_tokens_per_s=5000)
+    assert doc.schema_version == "1.3" and doc.deployment is not None
+    per_copy = doc.global_batch * 1000 / doc.tpot.mean_ms
+    assert doc.deployment.tokens_per_s_per_copy == pytest.approx(per_copy, rel=1e-6)
+
+
+def test_a_trace_edited_while_the_process_runs_is_read_again(tmp_path):
+    trace = tmp_path / "t.csv"
+    shutil.copy(AZURE, trace)
+    first = api.make_request(**SMALL, slo="30ms", workload=str(trace)).traffic()
+    rows = trace.read_text().splitlines()
+    trace.write_text("\n".join([rows[0], *rows[1:200]]) + "\n")
+    second = api.make_request(**SMALL, slo="30ms", workload=str(trace)).traffic()
+    assert second.requests == 199 and second.spec.sha256 != first.spec.sha256

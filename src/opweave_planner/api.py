@@ -174,7 +174,8 @@ def sized(doc, req: PlanRequest, hw: Hardware):
     dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
                           target_concurrency=req.target_concurrency,
                           gpus_per_node={g.id: node_size(g, req) for g in hw.gpus})
-    return doc.model_copy(update={"deployment": dep, "schema_version": f"{SCHEMA_MAJOR}.2"})
+    minor = max(2, int(doc.schema_version.split(".")[1]))  # a workload plan stays 1.3
+    return doc.model_copy(update={"deployment": dep, "schema_version": f"{SCHEMA_MAJOR}.{minor}"})
 
 
 def plan(req: PlanRequest, jobs: int = 1, progress=None):

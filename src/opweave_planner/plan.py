@@ -77,7 +77,7 @@ class Distribution(_Frozen):
                            ge=0)
     mean_prompt: float = _f("Mean prompt length of the kept requests, tokens", ge=0)
     mean_output: float = _f("Mean output length of the kept requests, tokens", ge=0)
-    max_context: StrictInt = _f("Longest context a request reaches, tokens", ge=1)
+    max_context: Count = _f("Longest context a request reaches, tokens")
     context_quantiles: dict[str, Count] = _f("Quantiles of the stationary decode context, tokens")
     slo_percentile: float = _f("Percentile of step TPOT held to the SLO", gt=0, lt=100)
     kv_quantile: float = _f("Quantile of a replica's summed KV/state its memory is sized for", gt=0, lt=1)

@@ -187,8 +187,10 @@ def size(*, global_batch: int, tpot_ms: float, owners: list[tuple[str, int, int,
 def size_deployment(plan: Plan, *, target_tokens_per_s: float | None = None,
                     target_concurrency: int | None = None, gpus_per_node: dict[str, int]) -> Deployment:
     """Size a deployment of `plan` for a target load (`gpus_per_node`: GPU id -> GPUs per node,
-    from the catalog in effect)."""
-    return size(global_batch=plan.global_batch, tpot_ms=plan.tpot_ms,
+    from the catalog in effect). Throughput uses the mean step TPOT (a workload plan's
+    `tpot_ms` is a percentile; tokens per second are B over the mean), as its cost does."""
+    tpot = plan.tpot.mean_ms if plan.tpot is not None else plan.tpot_ms
+    return size(global_batch=plan.global_batch, tpot_ms=tpot,
                 owners=[(o.gpu, o.tensor_parallel, o.replicas, o.usd_per_hour_per_replica) for o in plan.owners],
                 stage_link=plan.metrics.stage_link, gpus_per_node=gpus_per_node,
                 target_tokens_per_s=target_tokens_per_s, target_concurrency=target_concurrency)

@@ -294,6 +294,9 @@ class PlanRequest(BaseModel):
             for name in ("scale_ctx", "max_model_len", "slo_percentile"):
                 if getattr(self, name) is not None:
                     raise UserError(f"{flag_of(name)}: only applies with --workload (--ctx is one fixed context)")
+            for name in ("kv_quantile", "scenarios", "seed"):  # a value other than the default
+                if getattr(self, name) != PlanRequest.model_fields[name].default:
+                    raise UserError(f"{flag_of(name)}: only applies with --workload (--ctx is one fixed context)")
             if self.overflow != "clip":
                 raise UserError("--overflow: only applies with --workload and --max-model-len")
         else:
@@ -330,7 +333,8 @@ class PlanRequest(BaseModel):
     def traffic(self):
         """The materialised workload (`inputs.workload.Workload`): a fixed context or the
         stationary decode-context law of the trace / law, read and shaped once per process."""
-        return _traffic(self.ctx, self.workload, self.scale_ctx, self.max_model_len, self.overflow)
+        return _traffic(self.ctx, self.workload, self.scale_ctx, self.max_model_len, self.overflow,
+                        _file_stamp(self.workload))
 
     @property
     def context_tokens(self) -> int:
@@ -374,8 +378,19 @@ def with_model_window(req: PlanRequest, max_context: int | None) -> PlanRequest:
     return req
 
 
+def _file_stamp(path: str | None) -> tuple[int, int] | None:
+    """(mtime ns, size) of a workload file: a trace edited in a running process is read again."""
+    import os
+
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return None if st is None else (st.st_mtime_ns, st.st_size)
+
+
 @functools.lru_cache(maxsize=16)
-def _traffic(ctx, workload, scale_ctx, max_model_len, overflow):
+def _traffic(ctx, workload, scale_ctx, max_model_len, overflow, stamp):
     from opweave_planner.inputs.workload import materialize, workload_spec
 
     return materialize(workload_spec(ctx, workload, scale_ctx=scale_ctx, max_model_len=max_model_len,

@@ -87,7 +87,8 @@ def lower_context(cs: np.ndarray, batches, max_mu: int, max_rep: int, pct: float
 
 
 def _knots(wl: Workload, extra: tuple[float, ...]) -> np.ndarray:
-    lo, hi = max(1, wl.min_context), max(wl.max_context, wl.min_context + 1)
+    lo = max(1, wl.min_context)
+    hi = max(wl.max_context, lo + 1)  # at least two knots, even for a one-token workload
     pts = np.geomspace(lo, hi, KNOTS)
     pts = np.concatenate([pts, [float(round(e)) for e in extra if lo < e < hi], [lo, hi]])
     return np.unique(np.round(pts))
