@@ -8,6 +8,7 @@ Across templates the winner is the smallest (cost, GPUs, stages, template order)
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -144,9 +145,10 @@ def _single_type(ctx: Context, cand: Candidate) -> bool:
 class _Run:
     """The phases of one search, sharing a progress count and the interrupt check."""
 
-    def __init__(self, ctx: Context, jobs: int, progress, check, total: int) -> None:
+    def __init__(self, ctx: Context, jobs: int, progress, check, total: int, stack=None) -> None:
         self.ctx, self.jobs, self.progress, self.check = ctx, jobs, progress, check
         self.done, self.total = 0, total
+        self.stack, self.pool = stack, None  # one worker pool for every phase (workers keep their context)
         self.counters = Counters()
         self.timings: list[tuple[str, int, float]] = []
 
@@ -162,7 +164,9 @@ class _Run:
         if self.jobs <= 1 or len(ph.indices) < 2 * self.jobs:
             runs = ([(i, _search_one(self.ctx, i, ph))] for i in ph.indices)
         else:
-            runs = _pooled(self.ctx, list(ph.indices), self.jobs, ph)
+            if self.pool is None:
+                self.pool = self.stack.enter_context(process_pool(self.jobs))
+            runs = _pooled(self.ctx, list(ph.indices), self.jobs, ph, self.pool)
         found: dict[int, Candidate] = {}
         for results in runs:
             for i, (cand, counters) in results:
@@ -176,15 +180,14 @@ class _Run:
         return [found[i] for i in sorted(found)]
 
 
-def _pooled(ctx: Context, rest: list[int], jobs: int, ph: Phase):
+def _pooled(ctx: Context, rest: list[int], jobs: int, ph: Phase, pool):
     """Chunks of templates on worker processes, yielded in a fixed order (same bytes as jobs=1)."""
     chunks = [rest[i::jobs * 4] for i in range(jobs * 4)]
-    with process_pool(jobs) as pool:
-        futures = [(ch, pool.submit(_worker_run, ctx.request, ch, Phase(tuple(ch), ph.seed, ph.slo_us,
-                                                                          ph.latency_objective, ph.only_gpu)))
-                   for ch in chunks if ch]
-        for ch, fut in futures:
-            yield list(zip(ch, fut.result(), strict=True))
+    futures = [(ch, pool.submit(_worker_run, ctx.request, ch, Phase(tuple(ch), ph.seed, ph.slo_us,
+                                                                      ph.latency_objective, ph.only_gpu)))
+               for ch in chunks if ch]
+    for ch, fut in futures:
+        yield list(zip(ch, fut.result(), strict=True))
 
 
 def _min_cost(cands) -> float:
@@ -210,8 +213,8 @@ def run_search(ctx: Context, jobs: int = 1, progress=None, slo_ms: float | None 
     two = tuple(i for i in range(1, n) if owners[i] == 2)
     rest = tuple(i for i in range(1, n) if owners[i] > 2)
     total = 1 + len(two) + len(rest) + ((n - 1) * len(types) if len(types) > 1 else 0)
-    with deferred_interrupts() as check:
-        run = _Run(ctx, jobs, progress, check, total)
+    with deferred_interrupts() as check, contextlib.ExitStack() as stack:
+        run = _Run(ctx, jobs, progress, check, total, stack)
         colocated = run.phase("colocated", Phase((0,), math.inf, slo_us, latency_objective))
         c_cost = _min_cost(colocated)
         two_found = run.phase("two-owner", Phase(two, c_cost, slo_us, latency_objective))
