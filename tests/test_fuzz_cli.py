@@ -109,17 +109,24 @@ def plan_argv(draw):
     return [*argv, "-q"], out
 
 
-@settings(max_examples=budget(0.6))
-@given(plan_argv())
-def test_fuzz_plan_command(tmp_path_factory, case):
+def _run_plan_case(tmp_path_factory, case, name):
+    """Run one fuzzed main-command case in a fresh folder (with a file and a folder to collide
+    with); check the universal rules; return (ran, folder, argv, out name)."""
     argv, out = case
-    work = tmp_path_factory.mktemp("plan")
+    work = tmp_path_factory.mktemp(name)
     (work / "afile").write_text("x")
     (work / "adir").mkdir()
     if out is not None:
         argv = [*argv, "--out", str(work / out)]
     ran = run_cli(*argv)
     check(ran, work)
+    return ran, work, argv, out
+
+
+@settings(max_examples=budget(0.6))
+@given(plan_argv())
+def test_fuzz_plan_command(tmp_path_factory, case):
+    ran, work, argv, out = _run_plan_case(tmp_path_factory, case, "plan")
     if ran.code == 0 and out is None and "--format" not in argv:
         doc = orjson.loads(ran.out)
         assert doc["schema_version"]
@@ -163,14 +170,7 @@ def workload_argv(draw):
 @settings(max_examples=budget(0.2))
 @given(workload_argv())
 def test_fuzz_workload_plan_command(tmp_path_factory, case):
-    argv, out = case
-    work = tmp_path_factory.mktemp("wplan")
-    (work / "afile").write_text("x")
-    (work / "adir").mkdir()
-    if out is not None:
-        argv = [*argv, "--out", str(work / out)]
-    ran = run_cli(*argv)
-    check(ran, work)
+    ran, work, _argv, out = _run_plan_case(tmp_path_factory, case, "wplan")
     if out is not None and ran.code in (0, 3):
         doc = read_plan(work / out)  # the plan, or the infeasibility record, was written whole
         assert doc.workload.distribution is not None

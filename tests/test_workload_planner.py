@@ -67,8 +67,6 @@ def test_a_lower_kv_quantile_never_raises_cost():
     strict = _plan(**base, kv_quantile=0.9999)
     lax = _plan(**base, kv_quantile=0.9)
     assert lax.usd_per_million_tokens <= strict.usd_per_million_tokens * (1 + 1e-12)
-    assert max(o.memory_bytes_per_gpu for o in lax.owners) <= max(o.memory_bytes_per_gpu for o in strict.owners) or \
-        lax.global_batch != strict.global_batch
 
 
 def test_simulate_checks_a_fixed_context_plan_against_a_trace(tmp_path):

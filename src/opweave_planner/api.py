@@ -165,7 +165,7 @@ def _simplest(outcome, slack: float):
 
 def sized(doc, req: PlanRequest, hw: Hardware):
     """`doc` with its deployment for the request's target load, if it names one."""
-    from opweave_planner.plan import SCHEMA_MAJOR
+    from opweave_planner.plan import schema_version_for
     from opweave_planner.search.arrays import node_size
     from opweave_planner.sizing import size_deployment
 
@@ -174,8 +174,9 @@ def sized(doc, req: PlanRequest, hw: Hardware):
     dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
                           target_concurrency=req.target_concurrency,
                           gpus_per_node={g.id: node_size(g, req) for g in hw.gpus})
-    minor = max(2, int(doc.schema_version.split(".")[1]))  # a workload plan stays 1.3
-    return doc.model_copy(update={"deployment": dep, "schema_version": f"{SCHEMA_MAJOR}.{minor}"})
+    version = schema_version_for(doc.search.space, alternatives=True,  # deployment is a 1.2 key
+                                 distribution=doc.workload.distribution is not None)
+    return doc.model_copy(update={"deployment": dep, "schema_version": version})
 
 
 def plan(req: PlanRequest, jobs: int = 1, progress=None):

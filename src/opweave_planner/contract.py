@@ -373,7 +373,7 @@ def _hardware(plan: Plan, req):
 def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     """The PlanRequest a plan file records (model, workload, policy, searched space, backend,
     network), with `overrides` (PlanRequest field names; None = keep the plan's)."""
-    from opweave_planner.inputs.request import make_request
+    from opweave_planner.inputs.request import WORKLOAD_ONLY, make_request
 
     model = getattr(plan, "model_source", None) or plan.model
     values: dict[str, Any] = {"model": model, "slo": plan.workload.tpot_slo_ms,
@@ -390,7 +390,7 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
                       network_latency=net.get("inter_node_latency_us"))
     given = {k: v for k, v in overrides.items() if v is not None}
     if "ctx" in given:  # re-evaluate at one fixed context: drop the recorded workload settings
-        for key in WORKLOAD_SETTINGS:
+        for key in ("workload", *WORKLOAD_ONLY):
             values.pop(key, None)
     elif "workload" in given:  # another workload: its own shaping, the plan's percentile settings
         values.pop("ctx", None)
@@ -399,10 +399,6 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     values.update(given)
     return make_request(**values)
 
-
-# the request settings that describe a workload (recorded under workload.distribution)
-WORKLOAD_SETTINGS = ("workload", "scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile",
-                     "scenarios", "seed")
 
 
 def plan_selection(plan: Plan, arrays, where: str, model_name: str):

@@ -291,14 +291,9 @@ class PlanRequest(BaseModel):
         if self.ctx is None and self.workload is None:
             raise UserError("--ctx: required (the context length, e.g. 32k), or give --workload")
         if self.ctx is not None:
-            for name in ("scale_ctx", "max_model_len", "slo_percentile"):
-                if getattr(self, name) is not None:
-                    raise UserError(f"{flag_of(name)}: only applies with --workload (--ctx is one fixed context)")
-            for name in ("kv_quantile", "scenarios", "seed"):  # a value other than the default
+            for name in WORKLOAD_ONLY:  # given with a value other than its default
                 if getattr(self, name) != PlanRequest.model_fields[name].default:
                     raise UserError(f"{flag_of(name)}: only applies with --workload (--ctx is one fixed context)")
-            if self.overflow != "clip":
-                raise UserError("--overflow: only applies with --workload and --max-model-len")
         else:
             self.traffic()  # read and shape the workload once here: a bad trace fails before any search
         return self
@@ -363,6 +358,10 @@ class PlanRequest(BaseModel):
         out = {name: getattr(self, name) for name in space_fields()}
         out["memory_reserve_gb"] = self.reserve_gb
         return out
+
+
+# settings that describe a workload: refused with --ctx unless left at their default
+WORKLOAD_ONLY = ("scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile", "scenarios", "seed")
 
 
 def with_model_window(req: PlanRequest, max_context: int | None) -> PlanRequest:

@@ -183,6 +183,13 @@ def order_index(n, pct):
 
 
 @njit(cache=True)
+def sample_groups(p, sc):
+    """Independent systems per snapshot: a one-owner plan's replicas each give a sample; with
+    several owners the replicas are coupled by the barrier and a snapshot gives one."""
+    return sc.rep[0] if p.k == 1 else 1
+
+
+@njit(cache=True)
 def knot_stage_times(p, sc):
     """sc.kt[j, g]: stage j's compute time per microbatch at context knot g (selection in sc)."""
     for j in range(p.stage_owner.shape[0]):
@@ -250,7 +257,7 @@ def scenario_tpots(p, B, mu, sc, fail_cap):
     with per-microbatch stage times; returns n, or -1 as soon as more than `fail_cap` samples
     exceed the SLO (the percentile can no longer meet it)."""
     s_n, k = p.stage_owner.shape[0], p.k
-    groups = sc.rep[0] if k == 1 else 1
+    groups = sample_groups(p, sc)
     cap = p.slo * (1.0 + PRUNE_EPS)
     n = 0
     fails = 0
@@ -278,7 +285,7 @@ def evaluate_workload_into(p, B, mu, sc, stop_early):
     link_bw, link_lat, _intra = plan_link(p, sc.cfg, plan_gpus(p, sc.cfg, sc.rep))
     stage_vectors(p, sc, link_bw, link_lat)  # hand-off occupancy and latency (context-free)
     knot_stage_times(p, sc)
-    total = p.scen_cs.shape[0] * (sc.rep[0] if p.k == 1 else 1)
+    total = p.scen_cs.shape[0] * sample_groups(p, sc)
     kk = order_index(total, p.pct)
     n = scenario_tpots(p, B, mu, sc, total - kk if stop_early else total)
     if n < 0:
@@ -332,7 +339,7 @@ def _fixed_detail(p, B, mu, cfg, mb, replicas):
 def _workload_detail(p, B, mu, cfg, mb, replicas):
     sc = _selected(p, cfg, mb, replicas)
     t_check, t_mean = evaluate_workload_into(p, B, mu, sc, False)
-    samples = np.sort(sc.samples[:p.scen_cs.shape[0] * (sc.rep[0] if p.k == 1 else 1)])
+    samples = np.sort(sc.samples[:p.scen_cs.shape[0] * sample_groups(p, sc)])
     g, w = locate(p.knots, p.theta)  # stage figures shown at the stationary mean context
     for j in range(p.stage_owner.shape[0]):
         sc.t[j] = knot_time(sc.kt, j, g, w)
