@@ -117,3 +117,90 @@ def test_plan_and_contract_use_nothing_private_from_search():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("opweave_planner.search"):
                 assert not any(a.name.startswith("_") for a in node.names), (name, node.module)
+
+
+# ---------------------------------------------------------------- kernels without a CPython wrapper
+
+WRAPPERLESS_DECORATORS = {"inner", "hot", "_inner"}  # njit(..., no_cpython_wrapper=True)
+NUMBA_FILES = ("search/evaluate.py", "search/points.py", "search/bounds.py", "search/walk.py",
+               "schedule/kernels.py")
+
+
+def _decorators(fn: ast.FunctionDef) -> list[str]:
+    return [ast.unparse(d) for d in fn.decorator_list]
+
+
+def _compiled(fn: ast.FunctionDef) -> bool:
+    return any(d in WRAPPERLESS_DECORATORS or "njit" in d or d.startswith("overload") for d in _decorators(fn))
+
+
+def wrapperless_functions() -> dict[str, set[str]]:
+    """module -> names of its kernels compiled without a CPython wrapper."""
+    out = {}
+    for rel in NUMBA_FILES:
+        module = "opweave_planner." + rel.removesuffix(".py").replace("/", ".")
+        tree = ast.parse((PKG / rel).read_text())
+        out[module] = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)
+                       and (set(_decorators(n)) & WRAPPERLESS_DECORATORS
+                            or any("no_cpython_wrapper=True" in d for d in _decorators(n)))}
+    return out
+
+
+def python_uses_of_wrapperless(source: str, module: str | None, table: dict[str, set[str]]) -> list[str]:
+    """Lines of `source` (the module `module`, or None) where Python code, not a kernel, calls or
+    passes around a wrapper-less kernel: that would crash the interpreter, not raise."""
+    tree = ast.parse(source)
+    names: dict[str, str] = {}  # local name -> kernel it is
+    modules: dict[str, str] = {}  # local alias -> kernel module
+    if module in table:
+        names.update({n: n for n in table[module]})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                if node.module in table and a.name in table[node.module]:
+                    names[a.asname or a.name] = a.name
+                if f"{node.module}.{a.name}" in table:
+                    modules[a.asname or a.name] = f"{node.module}.{a.name}"
+    bad = []
+
+    def visit(node: ast.AST, in_kernel: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef):
+                visit(child, in_kernel or _compiled(child))
+                continue
+            if not in_kernel:
+                if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load) and child.id in names:
+                    bad.append(f"line {child.lineno}: {child.id}")
+                if (isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name)
+                        and child.value.id in modules and child.attr in table[modules[child.value.id]]):
+                    bad.append(f"line {child.lineno}: {child.value.id}.{child.attr}")
+            visit(child, in_kernel)
+
+    visit(tree, False)
+    return bad
+
+
+def test_python_never_calls_a_kernel_compiled_without_its_wrapper():
+    table = wrapperless_functions()
+    assert sum(map(len, table.values())) > 10  # the scan found the decorated kernels
+    root = PKG.parents[1]
+    files = [*PKG.rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "benchmarks").rglob("*.py")]
+    for path in files:
+        module = None
+        if path.is_relative_to(PKG):
+            module = "opweave_planner." + ".".join(path.relative_to(PKG).with_suffix("").parts)
+        assert not python_uses_of_wrapperless(path.read_text(), module, table), (path, python_uses_of_wrapperless(
+            path.read_text(), module, table))
+
+
+def test_the_wrapper_check_on_made_up_sources():
+    table = {"opweave_planner.search.evaluate": {"plan_gpus"}, "opweave_planner.schedule.kernels": {"_inner_f"}}
+    direct = "from opweave_planner.search.evaluate import plan_gpus\nx = plan_gpus(1, 2, 3)\n"
+    assert python_uses_of_wrapperless(direct, None, table) == ["line 2: plan_gpus"]
+    alias = "from opweave_planner.schedule import kernels as K\nK._inner_f(1)\n"
+    assert python_uses_of_wrapperless(alias, None, table) == ["line 2: K._inner_f"]
+    inside = ("from opweave_planner.search.evaluate import plan_gpus\n@inner\ndef f(p):\n"
+              "    return plan_gpus(p, 1, 2)\n")
+    assert python_uses_of_wrapperless(inside, None, table) == []
+    own = "def g():\n    return plan_gpus\n"  # the kernel's own module, from Python code
+    assert python_uses_of_wrapperless(own, "opweave_planner.search.evaluate", table) == ["line 2: plan_gpus"]

@@ -46,6 +46,11 @@ CRIT_INGRESS = 2
 CRIT_LOOP = 3
 
 
+# helpers only these kernels call: no CPython wrapper (less code for numba to re-optimise into
+# every caller); calling one from Python would crash, tests/test_architecture.py checks
+_inner = numba.njit(cache=True, no_cpython_wrapper=True)
+
+
 def at(t, j, k):
     """Compute time of stage j for microbatch k: ``t[j]`` (one time per stage) or ``t[j, k]``
     (per stage and microbatch: microbatches of different contexts)."""
@@ -78,7 +83,7 @@ def _stage_work(t, j, mu):
     return per_microbatch
 
 
-@numba.njit(cache=True)
+@_inner
 def scratch_sizes(n_stages, mu, n_owners):
     """Lengths (float64, int64) of the scratch buffers ``simulate_rtt_scratch`` needs."""
     n_state = 3 * n_owners + mu
@@ -92,7 +97,7 @@ def make_scratch(n_stages, mu, n_owners):
     return np.empty(nf, np.float64), np.empty(ni, np.int64)
 
 
-@numba.njit(cache=True)
+@_inner
 def _used_components(owner, mu, n_owners, idx):
     """Write the indices of the state components that the schedule reads into ``idx``.
 
@@ -153,7 +158,7 @@ def _one_iteration(owner, t, occ, lat, mu, n_owners, x):
         x[o] = cf
 
 
-@numba.njit(cache=True)
+@_inner
 def _work_scale(owner, t, occ, lat, mu):
     """Total work of one iteration, mu * (sum t + sum occ) + sum lat (transfers only)."""
     S = owner.shape[0]
@@ -166,7 +171,7 @@ def _work_scale(owner, t, occ, lat, mu):
     return w
 
 
-@numba.njit(cache=True)
+@_inner
 def _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iterations):
     """Iterate F until the normalised state repeats.
 
@@ -319,7 +324,7 @@ def simulate_rtt_scratch(owner, t, occ, lat, mu, n_owners, fbuf, ibuf):
     return rtt
 
 
-@numba.njit(cache=True)
+@_inner
 def simulate_rtt_per_microbatch(owner, t2, occ, lat, mu, n_owners, fbuf, ibuf):
     """Steady-state period when stage j of microbatch k computes for ``t2[j, k]`` (``[S, >= mu]``):
     microbatches of different contexts. An iteration still runs every microbatch once, so the

@@ -33,7 +33,7 @@ from opweave_planner.schedule.kernels import (
     simulate_rtt_per_microbatch,
     simulate_rtt_scratch,
 )
-from opweave_planner.search.problem import PRUNE_EPS, Problem, Scratch, Selection
+from opweave_planner.search.problem import PRUNE_EPS, Problem, Scratch, Selection, inner
 
 NODE_TOL = 1e-9
 
@@ -53,18 +53,18 @@ def stage_time(pref_row, start, end, fixed):
     return range_sum(pref_row, start, end) + fixed
 
 
-@njit(cache=True)
+@inner
 def transfer_occupancy(payload, bh_send, bh_recv, bw):
     return payload * max(bh_send, bh_recv) / bw
 
 
-@njit(cache=True)
+@inner
 def transfer_fixed(p, c_send, c_recv):
     """One NCCL send/recv call per hand-off: the slower endpoint's fixed cost (µs)."""
     return max(p.cfg_transfer_fixed[c_send], p.cfg_transfer_fixed[c_recv])
 
 
-@njit(cache=True)
+@inner
 def memory_need(p, weights, kv_per_unit, kv_per_request, workspace_per_request, mu, bh):
     """Bytes per GPU of a replica holding mu x bh resident requests (p.units: see Problem)."""
     n = mu * bh
@@ -79,7 +79,7 @@ def cost_rate(latency_objective, k, price, tp, mu, bh):
     return price * tp / (mu * bh)
 
 
-@njit(cache=True)
+@inner
 def plan_link(p, cfg, gpus):
     """(bytes/µs, latency µs, intra-node?) of the stage hand-offs of a complete plan."""
     c0 = cfg[0]
@@ -91,7 +91,7 @@ def plan_link(p, cfg, gpus):
     return p.bw, p.lat, False
 
 
-@njit(cache=True)
+@inner
 def plan_gpus(p, cfg, replicas):
     g = 0.0
     for o in range(p.k):
@@ -99,7 +99,7 @@ def plan_gpus(p, cfg, replicas):
     return g
 
 
-@njit(cache=True)
+@inner
 def plan_nodes(p, cfg, replicas):
     """Nodes a plan occupies: one when its hand-offs are intra-node, else each owner's
     replicas packed into its GPU type's nodes (a TP group never spans nodes)."""
@@ -118,7 +118,7 @@ def plan_nodes(p, cfg, replicas):
     return nodes
 
 
-@njit(cache=True)
+@inner
 def stage_vectors(p, sc, link_bw, link_lat):
     """Fill compute time, hand-off occupancy and link latency per stage (µs) of the selection
     in sc.cfg / sc.mb / sc.bh."""
@@ -150,7 +150,7 @@ def owner_need(p, o, c, mu, bh):
     return memory_need(p, w, kv, kvc, p.cfg_ws[c], mu, bh)
 
 
-@njit(cache=True)
+@inner
 def evaluate_into(p, mu, sc):
     """The leaf: stage vectors of the selection in sc into sc, then the simulator (µs)."""
     link_bw, link_lat, _intra = plan_link(p, sc.cfg, plan_gpus(p, sc.cfg, sc.rep))
@@ -158,7 +158,7 @@ def evaluate_into(p, mu, sc):
     return simulate_rtt_scratch(p.stage_owner, sc.t, sc.occ, sc.latv, mu, p.k, sc.fbuf, sc.ibuf)
 
 
-@njit(cache=True)
+@inner
 def new_scratch(p, seed_cost):
     s, k, g, mu = p.stage_owner.shape[0], p.k, p.knots.shape[0], p.max_mu
     fbuf, ibuf = make_scratch(s, mu, k)
@@ -182,14 +182,14 @@ def order_index(n, pct):
     return min(max(k, 1), n)
 
 
-@njit(cache=True)
+@inner
 def sample_groups(p, sc):
     """Independent systems per snapshot: a one-owner plan's replicas each give a sample; with
     several owners the replicas are coupled by the barrier and a snapshot gives one."""
     return sc.rep[0] if p.k == 1 else 1
 
 
-@njit(cache=True)
+@inner
 def knot_stage_times(p, sc):
     """sc.kt[j, g]: stage j's compute time per microbatch at context knot g (selection in sc)."""
     for j in range(p.stage_owner.shape[0]):
@@ -199,7 +199,7 @@ def knot_stage_times(p, sc):
             sc.kt[j, g] = stage_time(p.kpref[c, m, g], p.stage_start[j], p.stage_end[j], p.cfg_stage_fixed[c])
 
 
-@njit(cache=True)
+@inner
 def locate(knots, x):
     """(g, w) with x = (1 - w) knots[g] + w knots[g + 1], clamped to the knot range."""
     last = knots.shape[0] - 1
@@ -217,14 +217,14 @@ def locate(knots, x):
     return lo, (x - knots[lo]) / (knots[lo + 1] - knots[lo])
 
 
-@njit(cache=True)
+@inner
 def knot_time(kt, j, g, w):
     """Stage j's time at the context (g, w): linear between the two knots around it."""
     a = kt[j, g]
     return a + w * (kt[j, g + 1] - a)
 
 
-@njit(cache=True)
+@inner
 def scenario_contexts(p, s, B, mu, group, sc):
     """Knot position (sc.cg, sc.cw) of each (microbatch, owner) of scenario s.
 
@@ -251,7 +251,7 @@ def scenario_contexts(p, s, B, mu, group, sc):
             sc.cw[i, o] = w
 
 
-@njit(cache=True)
+@inner
 def scenario_tpots(p, B, mu, sc, fail_cap):
     """sc.samples[:n] = the steady-state period of each scenario (one owner: of each replica),
     with per-microbatch stage times; returns n, or -1 as soon as more than `fail_cap` samples
@@ -278,7 +278,7 @@ def scenario_tpots(p, B, mu, sc, fail_cap):
     return n
 
 
-@njit(cache=True)
+@inner
 def evaluate_workload_into(p, B, mu, sc, stop_early):
     """(percentile TPOT, mean TPOT) µs of the selection in sc under the workload's scenarios;
     (inf, inf) when `stop_early` and the percentile is sure to miss the SLO."""
@@ -296,30 +296,25 @@ def evaluate_workload_into(p, B, mu, sc, stop_early):
 
 def leaf_tpot(p, B, mu, sc, workload):
     """(checked TPOT, mean TPOT) µs of the selection in sc: the workload's percentile and mean
-    over its snapshots, or the fixed context's round trip twice (Python reference)."""
-    if workload:
-        return evaluate_workload_into(p, B, mu, sc, True)
-    t = evaluate_into(p, mu, sc)
-    return t, t
+    over its snapshots, or the fixed context's round trip twice. Compiled code only."""
+    raise NotImplementedError("leaf_tpot runs inside numba kernels; call evaluate() from Python")
 
 
-@overload(leaf_tpot, prefer_literal=True)
+@overload(leaf_tpot)
 def _leaf_tpot(p, B, mu, sc, workload):
-    # `workload` arrives as a literal (numba.literally in the search), so only the path in use
-    # is compiled: a fixed-context run never compiles the workload kernels, nor the reverse
-    if not isinstance(workload, types.BooleanLiteral):
-        return None
-    if workload.literal_value:
-        return lambda p, B, mu, sc, workload: evaluate_workload_into(p, B, mu, sc, True)
+    # the search passes None for a fixed context and True for a workload, so the argument's
+    # type selects the path and only the one in use is compiled: a fixed-context run never
+    # compiles the workload kernels, nor the reverse
+    if isinstance(workload, types.NoneType):
+        def fixed(p, B, mu, sc, workload):
+            t = evaluate_into(p, mu, sc)
+            return t, t
 
-    def fixed(p, B, mu, sc, workload):
-        t = evaluate_into(p, mu, sc)
-        return t, t
-
-    return fixed
+        return fixed
+    return lambda p, B, mu, sc, workload: evaluate_workload_into(p, B, mu, sc, True)
 
 
-@njit(cache=True)
+@inner
 def _selected(p, cfg, mb, replicas):
     sc = new_scratch(p, np.inf)
     for o in range(p.k):

@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from opweave_planner.search.evaluate import cost_rate, memory_need, range_sum, stage_time
-from opweave_planner.search.problem import hot
+from opweave_planner.search.problem import hot, inner
 
 # counter slots (Counters field order)
 C_CAND, C_SIM, C_BOUND, C_FRONT = 0, 1, 2, 3
@@ -54,7 +53,7 @@ class Points(NamedTuple):
     keep: np.ndarray  # bool[pmax]: frontier scratch
 
 
-@njit(cache=True)
+@inner
 def owner_tables(p):
     owner, start, end, payload, ok = p.stage_owner, p.stage_start, p.stage_end, p.payload, p.cfg_ok
     pref, wpref, kvpref, kvcpref, fixed, kpref = p.pref, p.wpref, p.kvpref, p.kvcpref, p.cfg_stage_fixed, p.kpref
@@ -102,7 +101,7 @@ def owner_tables(p):
     return OwnerTables(tab, count, pos, wown, kvown, kvcown, dom, p.knot_free, pair_payload, n_cross)
 
 
-@njit(cache=True)
+@inner
 def new_points(p):
     k, pmax = p.k, p.pref.shape[0] * p.max_rep
     return Points(np.zeros((k, pmax), np.int64), np.zeros((k, pmax), np.int64),

@@ -17,10 +17,16 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+# Kernels only other kernels call are compiled without a CPython wrapper (`inner`): the
+# wrapper that unboxes a 40-array Problem is large code, and numba links and re-optimises
+# every callee's module, wrapper included, into each caller, so the wrappers were about a
+# quarter of the planner's cold compile. Calling one from Python crashes the interpreter;
+# tests/test_architecture.py checks that nothing does. Entry points keep `njit(cache=True)`.
+inner = njit(cache=True, no_cpython_wrapper=True)
 # Numba reference-counts arrays with atomic operations; in the search's inner loops that
 # bookkeeping took about 40 % of the time (perf, gemma-3-27b on H100). Inner-loop functions
 # that allocate nothing are compiled without it: they only borrow arrays their caller owns.
-hot = njit(cache=True, _nrt=False)
+hot = njit(cache=True, _nrt=False, no_cpython_wrapper=True)
 
 PRUNE_EPS = 1e-12  # pruning / SLO margin: a candidate that could tie is never pruned
 

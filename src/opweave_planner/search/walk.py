@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from numba import njit
 
@@ -43,6 +42,7 @@ from opweave_planner.search.problem import (
     SearchResult,
     Selection,
     hot,
+    inner,
 )
 
 EPS = PRUNE_EPS
@@ -55,10 +55,9 @@ def _select(pts, sc, k):
         sc.cfg[o], sc.mb[o], sc.bh[o], sc.rep[o] = pts.c[o, q], pts.m[o, q], pts.bh[o, q], pts.n[o, q]
 
 
-@njit(cache=True)
+@inner
 def _leaf(h, p, pts, sc, B, mu, workload):
     """Simulate a complete assignment that survived the bounds; keep it if it is the best."""
-    numba.literally(workload)
     if plan_nodes(h, sc.cfg, sc.rep) > h.max_nodes:
         sc.counters[C_BOUND] += 1
         return
@@ -147,7 +146,8 @@ def _collect(h, ot, B, mu, pts):
 
 @njit(cache=True)
 def _search(p, seed_cost, use_pareto, use_bnb, workload):
-    numba.literally(workload)
+    # `workload` is None (a fixed context) or True: its type, not its value, picks the leaf's
+    # objective, so each mode compiles once and only its own kernels (see `leaf_tpot`)
     ot = owner_tables(p)
     pts = new_points(p)
     sc = new_scratch(p, seed_cost)
@@ -178,23 +178,11 @@ def _search(p, seed_cost, use_pareto, use_bnb, workload):
     return sc.best_f, sc.best_i, sc.counters
 
 
-@njit(cache=True)
-def _search_fixed(p, seed_cost, use_pareto, use_bnb):
-    # the flag is a constant here, so _search is compiled once per mode, at compile time (a
-    # Python bool through numba.literally would re-dispatch on every call)
-    return _search(p, seed_cost, use_pareto, use_bnb, False)
-
-
-@njit(cache=True)
-def _search_workload(p, seed_cost, use_pareto, use_bnb):
-    return _search(p, seed_cost, use_pareto, use_bnb, True)
-
-
 def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,
                     use_bnb: bool = True) -> SearchResult:
     """The cheapest SLO-feasible Selection of one template's Problem over every (B, mu)."""
-    run = _search_workload if p.knots.shape[0] else _search_fixed
-    best_f, best_i, counters = run(p, float(seed_cost), bool(use_pareto), bool(use_bnb))
+    workload = True if p.knots.shape[0] else None
+    best_f, best_i, counters = _search(p, float(seed_cost), bool(use_pareto), bool(use_bnb), workload)
     k = p.k
     found = bool(np.isfinite(best_f[0]))
     sel = Selection(int(best_i[0]), int(best_i[1]), best_i[2::3][:k].copy(), best_i[3::3][:k].copy(),
