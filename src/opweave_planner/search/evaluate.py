@@ -23,8 +23,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
 from opweave_planner.schedule.kernels import (
     busy_fractions,
@@ -294,26 +293,6 @@ def evaluate_workload_into(p, B, mu, sc, stop_early):
     return vals[kk - 1], vals.sum() / n
 
 
-def leaf_tpot(p, B, mu, sc, workload):
-    """(checked TPOT, mean TPOT) µs of the selection in sc: the workload's percentile and mean
-    over its snapshots, or the fixed context's round trip twice. Compiled code only."""
-    raise NotImplementedError("leaf_tpot runs inside numba kernels; call evaluate() from Python")
-
-
-@overload(leaf_tpot)
-def _leaf_tpot(p, B, mu, sc, workload):
-    # the search passes None for a fixed context and True for a workload, so the argument's
-    # type selects the path and only the one in use is compiled: a fixed-context run never
-    # compiles the workload kernels, nor the reverse
-    if isinstance(workload, types.NoneType):
-        def fixed(p, B, mu, sc, workload):
-            t = evaluate_into(p, mu, sc)
-            return t, t
-
-        return fixed
-    return lambda p, B, mu, sc, workload: evaluate_workload_into(p, B, mu, sc, True)
-
-
 @inner
 def _selected(p, cfg, mb, replicas):
     sc = new_scratch(p, np.inf)
@@ -323,26 +302,31 @@ def _selected(p, cfg, mb, replicas):
     return sc
 
 
-@njit(cache=True)
-def _fixed_detail(p, B, mu, cfg, mb, replicas):
-    sc = _selected(p, cfg, mb, replicas)
-    t = evaluate_into(p, mu, sc)
-    return t, t, t, np.zeros(0), sc
-
-
-@njit(cache=True)
-def _workload_detail(p, B, mu, cfg, mb, replicas):
-    sc = _selected(p, cfg, mb, replicas)
+@inner
+def _workload_times(p, B, mu, sc):
+    """(checked, mean, shown) TPOT and the sorted scenario samples of the selection in sc."""
     t_check, t_mean = evaluate_workload_into(p, B, mu, sc, False)
     samples = np.sort(sc.samples[:p.scen_cs.shape[0] * sample_groups(p, sc)])
     g, w = locate(p.knots, p.theta)  # stage figures shown at the stationary mean context
     for j in range(p.stage_owner.shape[0]):
         sc.t[j] = knot_time(sc.kt, j, g, w)
     t_show = simulate_rtt_scratch(p.stage_owner, sc.t, sc.occ, sc.latv, mu, p.k, sc.fbuf, sc.ibuf)
-    return t_check, t_mean, t_show, samples, sc
+    return t_check, t_mean, t_show, samples
 
 
 @njit(cache=True)
+def _detail(p, B, mu, cfg, mb, replicas, workload):
+    # workload: None (a fixed context) or True; numba prunes the branch not taken at compile time
+    sc = _selected(p, cfg, mb, replicas)
+    if workload is None:
+        t = evaluate_into(p, mu, sc)
+        t_check, t_mean, t_show, samples = t, t, t, np.zeros(0)
+    else:
+        t_check, t_mean, t_show, samples = _workload_times(p, B, mu, sc)
+    return (t_check, t_mean, t_show, samples, sc) + _figures(p, mu, cfg, mb, replicas, sc, t_show)
+
+
+@inner
 def _figures(p, mu, cfg, mb, replicas, sc, t_show):
     """Everything else a plan states about the selection in sc (stage vectors already there)."""
     s, k = p.stage_owner.shape[0], p.k
@@ -407,9 +391,8 @@ class Evaluation(NamedTuple):
 
 def evaluate(p: Problem, sel: Selection) -> Evaluation:
     """Evaluate one Selection exactly as the search leaf scored it."""
-    detail = _workload_detail if p.knots.shape[0] else _fixed_detail
-    t_rtt, t_mean, t_show, samples, sc = detail(p, sel.batch, sel.mu, sel.cfg, sel.mb, sel.replicas)
-    measured, gpus, intra, comp, kind, index, need, usable, rate = _figures(
-        p, sel.mu, sel.cfg, sel.mb, sel.replicas, sc, t_show)
+    workload = True if p.knots.shape[0] else None
+    (t_rtt, t_mean, t_show, samples, sc, measured, gpus, intra, comp, kind, index, need, usable,
+     rate) = _detail(p, sel.batch, sel.mu, sel.cfg, sel.mb, sel.replicas, workload)
     return Evaluation(float(t_rtt), float(t_mean), float(t_show), samples, sc.t, sc.occ, sc.latv, measured,
                       float(gpus), bool(intra), comp, int(kind), int(index), need, usable, float(rate))

@@ -67,10 +67,12 @@ def owner_tables(p):
             if p.cfg_tp[a] == p.cfg_tp[b] and not p.knot_free[a, b]:
                 n_g = p.knots.shape[0]
     count = np.zeros(k, np.int64)
+    most = 0
     for j in range(s):
         count[owner[j]] += 1
-    tab = np.zeros((k, n_cfg, n_mb, count.max()))
-    dom = np.zeros((k, n_cfg, n_mb, count.max() * (1 + n_g)))
+        most = max(most, count[owner[j]])
+    tab = np.zeros((k, n_cfg, n_mb, most))
+    dom = np.zeros((k, n_cfg, n_mb, most * (1 + n_g)))
     wown = np.zeros((k, n_cfg))
     kvown = np.zeros((k, n_cfg))
     kvcown = np.zeros((k, n_cfg))
@@ -221,8 +223,8 @@ def sort_points(pts, o):
             for arri in (pc, pm, pn, pbh):
                 _swap(arri, j, j - 1)
             j -= 1
-    npts = pts.count[o]
-    pts.min_total[o] = pts.total[o, :npts].min()
-    pts.min_r[o] = pts.r[o, :npts].min()
-    pts.min_rho[o] = pts.rho[o, :npts].min()
-    pts.min_bh[o] = pts.bh[o, :npts].min()
+    # minima by a loop, not ndarray.min(): each numpy reduction compiles its own generic code
+    mt, mr, mrho, mbh = ptot[0], pr[0], prho[0], pbh[0]
+    for a in range(1, pts.count[o]):
+        mt, mr, mrho, mbh = min(mt, ptot[a]), min(mr, pr[a]), min(mrho, prho[a]), min(mbh, pbh[a])
+    pts.min_total[o], pts.min_r[o], pts.min_rho[o], pts.min_bh[o] = mt, mr, mrho, mbh

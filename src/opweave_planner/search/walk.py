@@ -18,7 +18,8 @@ from numba import njit
 from opweave_planner.search.bounds import lower_bound
 from opweave_planner.search.evaluate import (
     NODE_TOL,
-    leaf_tpot,
+    evaluate_into,
+    evaluate_workload_into,
     new_scratch,
     plan_gpus,
     plan_link,
@@ -62,7 +63,11 @@ def _leaf(h, p, pts, sc, B, mu, workload):
         sc.counters[C_BOUND] += 1
         return
     sc.counters[C_SIM] += 1
-    trtt, tmean = leaf_tpot(p, B, mu, sc, workload)  # a workload: percentile for the SLO, mean for the cost
+    if workload is None:  # a fixed context (numba prunes the branch not taken at compile time)
+        trtt = evaluate_into(p, mu, sc)
+        tmean = trtt
+    else:  # a workload: the percentile for the SLO, the mean for the cost
+        trtt, tmean = evaluate_workload_into(p, B, mu, sc, True)
     if trtt > h.slo_cap:
         return
     rsum = 0.0
@@ -140,23 +145,28 @@ def _collect(h, ot, B, mu, pts):
     for o in range(h.k):
         if build_points(h, ot, o, B, mu, pts) == 0:
             return -1.0
-        rho_floor += pts.rho[o, :pts.count[o]].min()
+        least = pts.rho[o, 0]
+        for a in range(1, pts.count[o]):
+            least = min(least, pts.rho[o, a])
+        rho_floor += least
     return rho_floor
 
 
 @njit(cache=True)
 def _search(p, seed_cost, use_pareto, use_bnb, workload):
     # `workload` is None (a fixed context) or True: its type, not its value, picks the leaf's
-    # objective, so each mode compiles once and only its own kernels (see `leaf_tpot`)
+    # objective, so each mode compiles once and only its own kernels (see `_leaf`)
     ot = owner_tables(p)
     pts = new_points(p)
     sc = new_scratch(p, seed_cost)
+    node_max, intra_max, tx_min = 0, 0.0, np.inf  # loops, not ndarray.max(): less to compile
+    for c in range(p.cfg_node.shape[0]):
+        node_max = max(node_max, p.cfg_node[c])
+        intra_max = max(intra_max, p.cfg_intra_bw[c])
+        tx_min = min(tx_min, p.cfg_transfer_fixed[c])
     h = Hot(p.cfg_ok, p.mb_index, p.cfg_ws, p.cfg_mem, p.cfg_tp, p.cfg_price, p.cfg_gpu, p.cfg_node,
             p.cfg_intra_bw, p.cfg_transfer_fixed, p.units, p.k, p.max_rep, p.latency_objective, use_bnb, p.prune_factor,
-            p.slo * (1 + EPS), p.max_gpus + NODE_TOL, p.max_nodes, p.bw, p.lat, p.intra_lat,
-            p.cfg_transfer_fixed.min())
-    node_max = p.cfg_node.max()
-    intra_max = p.cfg_intra_bw.max()
+            p.slo * (1 + EPS), p.max_gpus + NODE_TOL, p.max_nodes, p.bw, p.lat, p.intra_lat, tx_min)
     batches, max_mu, k = p.batches, p.max_mu, p.k
     for bi in range(batches.shape[0]):
         B = batches[bi]
