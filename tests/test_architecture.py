@@ -121,7 +121,7 @@ def test_plan_and_contract_use_nothing_private_from_search():
 
 # ---------------------------------------------------------------- kernels without a CPython wrapper
 
-WRAPPERLESS_DECORATORS = {"inner", "hot", "_inner"}  # njit(..., no_cpython_wrapper=True)
+WRAPPERLESS_DECORATORS = {"inner", "hot", "_inner", "inner_inline", "hot_inline"}  # no_cpython_wrapper=True
 NUMBA_FILES = ("search/evaluate.py", "search/points.py", "search/bounds.py", "search/walk.py",
                "schedule/kernels.py")
 

@@ -451,7 +451,7 @@ def _cached_functions(source: str) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
 
     def cached(dec: ast.expr) -> bool:
-        if isinstance(dec, ast.Name) and dec.id in ("hot", "inner", "_inner"):  # njit(cache=True, ...)
+        if isinstance(dec, ast.Name) and dec.id in ("hot", "inner", "_inner", "inner_inline", "hot_inline"):  # njit(cache=True, ...)
             return True
         if not isinstance(dec, ast.Call):
             return False

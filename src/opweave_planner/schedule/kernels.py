@@ -315,7 +315,7 @@ def simulate_rtt_info(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteratio
     return rtt, it, c, False
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline='always')
 def simulate_rtt_scratch(owner, t, occ, lat, mu, n_owners, fbuf, ibuf):
     """``simulate_rtt`` with caller-owned scratch from ``make_scratch`` (no allocation)."""
     rtt, _, c = _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, MAX_ITERATIONS)

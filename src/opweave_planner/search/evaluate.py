@@ -32,7 +32,14 @@ from opweave_planner.schedule.kernels import (
     simulate_rtt_per_microbatch,
     simulate_rtt_scratch,
 )
-from opweave_planner.search.problem import PRUNE_EPS, Problem, Scratch, Selection, inner
+from opweave_planner.search.problem import (
+    PRUNE_EPS,
+    Problem,
+    Scratch,
+    Selection,
+    inner,
+    inner_inline,
+)
 
 NODE_TOL = 1e-9
 
@@ -149,7 +156,7 @@ def owner_need(p, o, c, mu, bh):
     return memory_need(p, w, kv, kvc, p.cfg_ws[c], mu, bh)
 
 
-@inner
+@njit(cache=True, no_cpython_wrapper=True, inline='always')
 def evaluate_into(p, mu, sc):
     """The leaf: stage vectors of the selection in sc into sc, then the simulator (µs)."""
     link_bw, link_lat, _intra = plan_link(p, sc.cfg, plan_gpus(p, sc.cfg, sc.rep))
@@ -302,7 +309,7 @@ def _selected(p, cfg, mb, replicas):
     return sc
 
 
-@inner
+@inner_inline
 def _workload_times(p, B, mu, sc):
     """(checked, mean, shown) TPOT and the sorted scenario samples of the selection in sc."""
     t_check, t_mean = evaluate_workload_into(p, B, mu, sc, False)
@@ -326,7 +333,7 @@ def _detail(p, B, mu, cfg, mb, replicas, workload):
     return (t_check, t_mean, t_show, samples, sc) + _figures(p, mu, cfg, mb, replicas, sc, t_show)
 
 
-@inner
+@inner_inline
 def _figures(p, mu, cfg, mb, replicas, sc, t_show):
     """Everything else a plan states about the selection in sc (stage vectors already there)."""
     s, k = p.stage_owner.shape[0], p.k

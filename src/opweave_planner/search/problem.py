@@ -27,6 +27,12 @@ inner = njit(cache=True, no_cpython_wrapper=True)
 # bookkeeping took about 40 % of the time (perf, gemma-3-27b on H100). Inner-loop functions
 # that allocate nothing are compiled without it: they only borrow arrays their caller owns.
 hot = njit(cache=True, _nrt=False, no_cpython_wrapper=True)
+# A kernel with one call site (or a thin wrapper) is inlined into its caller before typing:
+# one compiled module fewer, whose closure numba would otherwise re-optimise once more. Only
+# into a caller of the same kind: a `hot` body inlined into a reference-counting caller would
+# get the reference counting back.
+inner_inline = njit(cache=True, no_cpython_wrapper=True, inline='always')
+hot_inline = njit(cache=True, _nrt=False, no_cpython_wrapper=True, inline='always')
 
 PRUNE_EPS = 1e-12  # pruning / SLO margin: a candidate that could tie is never pruned
 

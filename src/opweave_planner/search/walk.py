@@ -43,20 +43,21 @@ from opweave_planner.search.problem import (
     SearchResult,
     Selection,
     hot,
-    inner,
+    hot_inline,
+    inner_inline,
 )
 
 EPS = PRUNE_EPS
 
 
-@hot
+@hot_inline
 def _select(pts, sc, k):
     for o in range(k):
         q = sc.sel[o]
         sc.cfg[o], sc.mb[o], sc.bh[o], sc.rep[o] = pts.c[o, q], pts.m[o, q], pts.bh[o, q], pts.n[o, q]
 
 
-@inner
+@inner_inline
 def _leaf(h, p, pts, sc, B, mu, workload):
     """Simulate a complete assignment that survived the bounds; keep it if it is the best."""
     if plan_nodes(h, sc.cfg, sc.rep) > h.max_nodes:
