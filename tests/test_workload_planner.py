@@ -138,3 +138,23 @@ def test_a_trace_edited_while_the_process_runs_is_read_again(tmp_path):
     trace.write_text("\n".join([rows[0], *rows[1:200]]) + "\n")
     second = api.make_request(**SMALL, slo="30ms", workload=str(trace)).traffic()
     assert second.requests == 199 and second.spec.sha256 != first.spec.sha256
+
+
+def test_a_trace_is_read_once_per_file_version(tmp_path, monkeypatch):
+    """Validating the request and resolving the model's window see one read of the file; an
+    edit of the file is read again."""
+    from opweave_planner import api
+    from opweave_planner.inputs import workload as W
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("prompt_tokens,output_tokens\n" + "".join(f"{500 + 7 * i},{20 + i}\n" for i in range(50)))
+    reads = []
+    real = W.read_trace
+    monkeypatch.setattr(W, "read_trace", lambda p: reads.append(p) or real(p))
+    req = api.resolve_request(api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100",
+                                               workload=str(trace)))
+    req.traffic()
+    assert len(reads) == 1
+    trace.write_text(trace.read_text() + "900,30\n")
+    api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100", workload=str(trace)).traffic()
+    assert len(reads) == 2

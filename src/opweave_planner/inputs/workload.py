@@ -22,6 +22,7 @@ import codecs
 import csv
 import hashlib
 import math
+import os
 import re
 import tomllib
 from collections.abc import Iterator, Sequence
@@ -326,7 +327,7 @@ def workload_spec(
             prompt, output = _law_toml(path, field)
             spec = LawSpec(prompt=prompt, output=output, **shaped)
         else:
-            tr = _remember(read_trace(path), str(path.resolve()))
+            tr = _read_once(path)
             spec = TraceSpec(path=tr.path, format=tr.format, sha256=tr.sha256, rows=tr.rows,
                              **shaped)
     elif ":" in text and not any(text.lower().endswith(e) for e in (".csv", ".jsonl", ".toml")):
@@ -574,6 +575,22 @@ def _remember(tr: Trace, path: str) -> Trace:
     tr = Trace(path, tr.format, tr.sha256, tr.prompt, tr.output)
     _TRACES[(path, tr.sha256)] = tr
     return tr
+
+
+def _read_once(path: Path) -> Trace:
+    """`read_trace` once per file version per process: a request is validated before and after
+    the model's window is known, and both see the same file (resolved path, mtime, size)."""
+    resolved = str(path.resolve())
+    st = os.stat(resolved)
+    key = (resolved, st.st_mtime_ns, st.st_size)
+    if key not in _BY_STAMP:
+        if len(_BY_STAMP) >= 8:
+            _BY_STAMP.pop(next(iter(_BY_STAMP)))
+        _BY_STAMP[key] = _remember(read_trace(path), resolved)
+    return _BY_STAMP[key]
+
+
+_BY_STAMP: dict[tuple[str, int, int], Trace] = {}
 
 
 def _read_trace_checked(path: str, sha256: str) -> Trace:
