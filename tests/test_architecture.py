@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from opweave_planner.report import CACHED_DECORATORS
+
 PKG = Path(__file__).resolve().parents[1] / "src" / "opweave_planner"
 
 # rank of each top-level unit; a module may import units of its own rank or lower only
@@ -122,6 +124,7 @@ def test_plan_and_contract_use_nothing_private_from_search():
 # ---------------------------------------------------------------- kernels without a CPython wrapper
 
 WRAPPERLESS_DECORATORS = {"inner", "hot", "_inner", "inner_inline", "hot_inline"}  # no_cpython_wrapper=True
+assert set(CACHED_DECORATORS) >= WRAPPERLESS_DECORATORS
 NUMBA_FILES = ("search/evaluate.py", "search/points.py", "search/bounds.py", "search/walk.py",
                "schedule/kernels.py")
 
@@ -131,7 +134,7 @@ def _decorators(fn: ast.FunctionDef) -> list[str]:
 
 
 def _compiled(fn: ast.FunctionDef) -> bool:
-    return any(d in WRAPPERLESS_DECORATORS or "njit" in d or d.startswith("overload") for d in _decorators(fn))
+    return any(d in CACHED_DECORATORS or "njit" in d or d.startswith("overload") for d in _decorators(fn))
 
 
 def wrapperless_functions() -> dict[str, set[str]]:

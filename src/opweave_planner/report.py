@@ -446,12 +446,16 @@ def kernel_files(names: Iterable[str] = KERNEL_FILES) -> list[Path]:
     return [Path(__file__).resolve().parent / n for n in names]
 
 
+# the kernel modules' names for njit(cache=True, ...) (search/problem.py, schedule/kernels.py)
+CACHED_DECORATORS = ("kernel", "_kernel", "hot", "inner", "_inner", "inner_inline", "hot_inline")
+
+
 def _cached_functions(source: str) -> list[tuple[str, int]]:
     """(qualname, first line) of every ``@njit(cache=True)``/``@jit(cache=True)``/``@hot`` function."""
     out: list[tuple[str, int]] = []
 
     def cached(dec: ast.expr) -> bool:
-        if isinstance(dec, ast.Name) and dec.id in ("hot", "inner", "_inner", "inner_inline", "hot_inline"):  # njit(cache=True, ...)
+        if isinstance(dec, ast.Name) and dec.id in CACHED_DECORATORS:
             return True
         if not isinstance(dec, ast.Call):
             return False

@@ -48,7 +48,10 @@ CRIT_LOOP = 3
 
 # helpers only these kernels call: no CPython wrapper (less code for numba to re-optimise into
 # every caller); calling one from Python would crash, tests/test_architecture.py checks
-_inner = numba.njit(cache=True, no_cpython_wrapper=True)
+_inner = numba.njit(cache=True, no_cfunc_wrapper=True, no_cpython_wrapper=True)
+# and none gets numba's C-callable (cfunc) wrapper: nothing passes a kernel around as a value,
+# and numba would link that wrapper into every caller too
+_kernel = numba.njit(cache=True, no_cfunc_wrapper=True)
 
 
 def at(t, j, k):
@@ -90,7 +93,7 @@ def scratch_sizes(n_stages, mu, n_owners):
     return n_state * (HISTORY + 1) + HISTORY, n_state
 
 
-@numba.njit(cache=True)
+@_kernel
 def make_scratch(n_stages, mu, n_owners):
     """Allocate the scratch buffers for one (shape, mu, n_owners); reuse them across calls."""
     nf, ni = scratch_sizes(n_stages, mu, n_owners)
@@ -126,7 +129,7 @@ def _used_components(owner, mu, n_owners, idx):
     return n
 
 
-@numba.njit(cache=True)
+@_kernel
 def _one_iteration(owner, t, occ, lat, mu, n_owners, x):
     """Apply F in place: run every action of one iteration in the global (j, k) order.
 
@@ -219,62 +222,39 @@ def _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteration
     return np.nan, max_iterations, 0
 
 
-@numba.njit(cache=True)
+@_kernel
 def transition_matrix(owner, t, occ, lat, mu, n_owners):
     """One-iteration max-plus matrix over the used state components.
 
     Returns (A, idx): ``A[a, b]`` is the longest path weight from component ``idx[b]`` at
     iteration r - 1 to component ``idx[a]`` at iteration r (``-inf`` if none), i.e.
-    ``x(r) = A (x) x(r - 1)``.  Built by running F once on all max-plus unit vectors at once.
+    ``x(r) = A (x) x(r - 1)``.  F is max-plus linear, so column b is F applied to the max-plus
+    unit vector of component ``idx[b]``: the simulator's own iteration, nothing to keep in step.
     """
-    S = owner.shape[0]
-    K = n_owners
-    n_state = 3 * K + mu
-    r0 = 3 * K
+    n_state = 3 * n_owners + mu
     idx_all = np.empty(n_state, np.int64)
     n = _used_components(owner, mu, n_owners, idx_all)
     idx = idx_all[:n].copy()
-    X = np.full((n_state, n), -np.inf)
-    for b in range(n):
-        X[idx[b], b] = 0.0
-    cf = np.empty(n)
-    ef = np.empty(n)
-    for j in range(S):
-        o = owner[j]
-        o2 = owner[j + 1] if j + 1 < S else owner[0]
-        local = o == o2
-        for b in range(n):
-            cf[b] = X[o, b]
-            if not local:
-                ef[b] = max(X[K + o, b], X[2 * K + o2, b])
-        for k in range(mu):
-            for b in range(n):
-                cf[b] = max(X[r0 + k, b], cf[b]) + at(t, j, k)
-                if local:
-                    X[r0 + k, b] = cf[b]
-                else:
-                    ef[b] = max(cf[b], ef[b]) + occ[j]
-                    X[r0 + k, b] = ef[b] + lat[j]
-        for b in range(n):
-            X[o, b] = cf[b]
-            if not local:
-                X[K + o, b] = ef[b]
-                X[2 * K + o2, b] = ef[b]
     A = np.empty((n, n))
-    for a in range(n):
-        for b in range(n):
-            A[a, b] = X[idx[a], b]
+    x = np.empty(n_state)
+    for b in range(n):
+        for i in range(n_state):
+            x[i] = -np.inf
+        x[idx[b]] = 0.0
+        _one_iteration(owner, t, occ, lat, mu, n_owners, x)
+        for a in range(n):
+            A[a, b] = x[idx[a]]
     return A, idx
 
 
-@numba.njit(cache=True)
+@_kernel
 def max_cycle_mean(A):
     """Maximum cycle mean of the graph with edge b -> a of weight A[a, b] (Karp, all sources).
 
     Returns -inf for an acyclic graph.
     """
     n = A.shape[0]
-    D = np.full((n + 1, n), -np.inf)
+    D = np.empty((n + 1, n))  # not np.full: its generic n-d fill is much more code to compile
     for v in range(n):
         D[0, v] = 0.0
     for k in range(1, n + 1):
@@ -299,14 +279,14 @@ def max_cycle_mean(A):
     return lam
 
 
-@numba.njit(cache=True)
+@_kernel
 def rtt_by_cycle_mean(owner, t, occ, lat, mu, n_owners):
     """T_rtt as the maximum cycle mean of the one-iteration matrix (the fallback path)."""
     A, _ = transition_matrix(owner, t, occ, lat, mu, n_owners)
     return max_cycle_mean(A)
 
 
-@numba.njit(cache=True)
+@_kernel
 def simulate_rtt_info(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iterations):
     """T_rtt plus how it was found: (t_rtt, iterations, period, used_fallback)."""
     rtt, it, c = _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iterations)
@@ -315,7 +295,7 @@ def simulate_rtt_info(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteratio
     return rtt, it, c, False
 
 
-@numba.njit(cache=True, inline='always')
+@numba.njit(cache=True, no_cfunc_wrapper=True, inline='always')
 def simulate_rtt_scratch(owner, t, occ, lat, mu, n_owners, fbuf, ibuf):
     """``simulate_rtt`` with caller-owned scratch from ``make_scratch`` (no allocation)."""
     rtt, _, c = _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, MAX_ITERATIONS)
@@ -332,14 +312,14 @@ def simulate_rtt_per_microbatch(owner, t2, occ, lat, mu, n_owners, fbuf, ibuf):
     return simulate_rtt_scratch(owner, t2, occ, lat, mu, n_owners, fbuf, ibuf)
 
 
-@numba.njit(cache=True)
+@_kernel
 def simulate_rtt(owner, t, occ, lat, mu, n_owners):
     """Steady-state time between consecutive iterations of one microbatch (unit of inputs)."""
     fbuf, ibuf = make_scratch(owner.shape[0], mu, n_owners)
     return simulate_rtt_scratch(owner, t, occ, lat, mu, n_owners, fbuf, ibuf)
 
 
-@numba.njit(cache=True)
+@_kernel
 def simulate_many(owner, T, OCC, LAT, mu, n_owners):
     """``simulate_rtt`` for every row of T, OCC, LAT (float64[n, S]) with one shared owner."""
     n = T.shape[0]
@@ -350,7 +330,7 @@ def simulate_many(owner, T, OCC, LAT, mu, n_owners):
     return out
 
 
-@numba.njit(cache=True)
+@_kernel
 def busy_fractions(owner, t, occ, mu, n_owners, t_rtt):
     """Per-owner compute, egress and ingress busy fractions for a given T_rtt."""
     S = owner.shape[0]
@@ -375,27 +355,48 @@ def busy_fractions(owner, t, occ, mu, n_owners, t_rtt):
     return comp, egr, ing
 
 
-@numba.njit(cache=True)
+@_kernel
 def critical_resource(comp, egr, ing):
     """(kind, index) of the busiest saturated resource, or (CRIT_LOOP, -1) if none is.
 
     Saturated: busy fraction >= 1 - SATURATED_TOL.  Fractions within SATURATED_TOL of the
     largest tie; ties go to compute before egress before ingress, then to the lower owner.
     """
-    top = -np.inf
-    for arr in (comp, egr, ing):
-        for o in range(arr.shape[0]):
-            top = max(top, arr[o])
+    # three explicit passes, not a loop over the tuple (comp, egr, ing): numba compiles that
+    # into a far larger function
+    top = max(_largest(comp), _largest(egr), _largest(ing))
     if top < 1.0 - SATURATED_TOL:
         return CRIT_LOOP, -1
-    for kd, arr in enumerate((comp, egr, ing)):
-        for o in range(arr.shape[0]):
-            if arr[o] >= top - SATURATED_TOL:
-                return kd, o
+    cut = top - SATURATED_TOL
+    o = _first_at_least(comp, cut)
+    if o >= 0:
+        return CRIT_COMPUTE, o
+    o = _first_at_least(egr, cut)
+    if o >= 0:
+        return CRIT_EGRESS, o
+    o = _first_at_least(ing, cut)
+    if o >= 0:
+        return CRIT_INGRESS, o
     return CRIT_LOOP, -1
 
 
-@numba.njit(cache=True)
+@_inner
+def _largest(arr):
+    top = -np.inf
+    for o in range(arr.shape[0]):
+        top = max(top, arr[o])
+    return top
+
+
+@_inner
+def _first_at_least(arr, cut):
+    for o in range(arr.shape[0]):
+        if arr[o] >= cut:
+            return o
+    return -1
+
+
+@_kernel
 def simulate_detail(owner, t, occ, lat, mu, n_owners):
     """(t_rtt, owner_busy, egress_busy, ingress_busy, critical_kind, critical_index).
 

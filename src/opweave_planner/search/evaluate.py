@@ -23,7 +23,6 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from opweave_planner.schedule.kernels import (
     busy_fractions,
@@ -34,17 +33,19 @@ from opweave_planner.schedule.kernels import (
 )
 from opweave_planner.search.problem import (
     PRUNE_EPS,
+    Fabric,
     Problem,
     Scratch,
     Selection,
     inner,
     inner_inline,
+    kernel,
 )
 
 NODE_TOL = 1e-9
 
 
-@njit(cache=True)
+@kernel
 def range_sum(pref, start, end):
     """Sum over the cyclic operator range [start, end) from a prefix-sum row."""
     if end > start:
@@ -52,7 +53,7 @@ def range_sum(pref, start, end):
     return pref[pref.shape[0] - 1] - pref[start] + pref[end]
 
 
-@njit(cache=True)
+@kernel
 def stage_time(pref_row, start, end, fixed):
     """A stage's compute time per microbatch: its operators' latencies plus the fixed
     dispatch cost every stage pays however small (a graph launch after its input arrives)."""
@@ -71,13 +72,13 @@ def transfer_fixed(p, c_send, c_recv):
 
 
 @inner
-def memory_need(p, weights, kv_per_unit, kv_per_request, workspace_per_request, mu, bh):
-    """Bytes per GPU of a replica holding mu x bh resident requests (p.units: see Problem)."""
+def memory_need(units, weights, kv_per_unit, kv_per_request, workspace_per_request, mu, bh):
+    """Bytes per GPU of a replica holding mu x bh resident requests (units: Problem.units)."""
     n = mu * bh
-    return weights + p.units[n] * kv_per_unit + n * kv_per_request + bh * workspace_per_request
+    return weights + units[n] * kv_per_unit + n * kv_per_request + bh * workspace_per_request
 
 
-@njit(cache=True)
+@kernel
 def cost_rate(latency_objective, k, price, tp, mu, bh):
     """USD per GPU-hour per resident request of one owner point (1/k: the latency objective)."""
     if latency_objective:
@@ -85,37 +86,44 @@ def cost_rate(latency_objective, k, price, tp, mu, bh):
     return price * tp / (mu * bh)
 
 
+@inner_inline
+def fabric(p):
+    """The GPUs and links of a Problem or a Hot (same field names), as one small tuple: the
+    link and node rules then compile once, not once per tuple type that carries them."""
+    return Fabric(p.cfg_gpu, p.cfg_node, p.cfg_tp, p.cfg_intra_bw, p.bw, p.lat, p.intra_lat)
+
+
 @inner
-def plan_link(p, cfg, gpus):
-    """(bytes/µs, latency µs, intra-node?) of the stage hand-offs of a complete plan."""
+def plan_link(f, cfg, gpus):
+    """(bytes/µs, latency µs, intra-node?) of the stage hand-offs of a complete plan (f: Fabric)."""
     c0 = cfg[0]
-    if p.k > 1 and gpus <= p.cfg_node[c0] + NODE_TOL:
-        for o in range(p.k):
-            if p.cfg_gpu[cfg[o]] != p.cfg_gpu[c0]:
-                return p.bw, p.lat, False
-        return p.cfg_intra_bw[c0], p.intra_lat, True
-    return p.bw, p.lat, False
+    if cfg.shape[0] > 1 and gpus <= f.cfg_node[c0] + NODE_TOL:
+        for o in range(cfg.shape[0]):
+            if f.cfg_gpu[cfg[o]] != f.cfg_gpu[c0]:
+                return f.bw, f.lat, False
+        return f.cfg_intra_bw[c0], f.intra_lat, True
+    return f.bw, f.lat, False
 
 
 @inner
-def plan_gpus(p, cfg, replicas):
+def plan_gpus(f, cfg, replicas):
     g = 0.0
-    for o in range(p.k):
-        g += p.cfg_tp[cfg[o]] * replicas[o]
+    for o in range(cfg.shape[0]):
+        g += f.cfg_tp[cfg[o]] * replicas[o]
     return g
 
 
 @inner
-def plan_nodes(p, cfg, replicas):
+def plan_nodes(f, cfg, replicas):
     """Nodes a plan occupies: one when its hand-offs are intra-node, else each owner's
     replicas packed into its GPU type's nodes (a TP group never spans nodes)."""
-    _bw, _lat, intra = plan_link(p, cfg, plan_gpus(p, cfg, replicas))
+    _bw, _lat, intra = plan_link(f, cfg, plan_gpus(f, cfg, replicas))
     if intra:
         return 1.0
     nodes = 0.0
-    for o in range(p.k):
+    for o in range(cfg.shape[0]):
         c = cfg[o]
-        node, tp = p.cfg_node[c], p.cfg_tp[c]
+        node, tp = f.cfg_node[c], f.cfg_tp[c]
         if tp > node:  # a group wider than a node (not produced by the catalog's TP filter)
             nodes += replicas[o] * ((tp + node - 1) // node)
         else:
@@ -135,15 +143,15 @@ def stage_vectors(p, sc, link_bw, link_lat):
         sc.t[j] = stage_time(p.pref[c, sc.mb[o]], p.stage_start[j], p.stage_end[j], p.cfg_stage_fixed[c])
         b = p.stage_owner[(j + 1) % s]
         if b != o:
-            sc.occ[j] = transfer_occupancy(p.payload[j], sc.bh[o], sc.bh[b], link_bw)
+            sc.occ[j] = transfer_occupancy(p.payload[j], float(sc.bh[o]), float(sc.bh[b]), link_bw)
             sc.latv[j] = link_lat + transfer_fixed(p, c, sc.cfg[b])
         else:
             sc.occ[j] = 0.0
             sc.latv[j] = 0.0
 
 
-@njit(cache=True)
-def owner_need(p, o, c, mu, bh):
+@inner
+def owner_bytes(p, o, c, mu, bh):
     """Bytes per GPU owner o needs in config c at microbatch bh."""
     w = 0.0
     kv = 0.0
@@ -153,13 +161,20 @@ def owner_need(p, o, c, mu, bh):
             w += range_sum(p.wpref[c], p.stage_start[j], p.stage_end[j])
             kv += range_sum(p.kvpref[c], p.stage_start[j], p.stage_end[j])
             kvc += range_sum(p.kvcpref[c], p.stage_start[j], p.stage_end[j])
-    return memory_need(p, w, kv, kvc, p.cfg_ws[c], mu, bh)
+    return memory_need(p.units, w, kv, kvc, p.cfg_ws[c], mu, bh)
 
 
-@njit(cache=True, no_cpython_wrapper=True, inline='always')
+@kernel
+def owner_need(p, o, c, mu, bh):
+    """`owner_bytes` for Python (the brute-force test). Kernels call owner_bytes itself: a
+    callee's CPython wrapper, which unboxes a whole Problem, is linked into every caller."""
+    return owner_bytes(p, o, c, mu, bh)
+
+
+@inner_inline
 def evaluate_into(p, mu, sc):
     """The leaf: stage vectors of the selection in sc into sc, then the simulator (µs)."""
-    link_bw, link_lat, _intra = plan_link(p, sc.cfg, plan_gpus(p, sc.cfg, sc.rep))
+    link_bw, link_lat, _intra = plan_link(fabric(p), sc.cfg, plan_gpus(fabric(p), sc.cfg, sc.rep))
     stage_vectors(p, sc, link_bw, link_lat)
     return simulate_rtt_scratch(p.stage_owner, sc.t, sc.occ, sc.latv, mu, p.k, sc.fbuf, sc.ibuf)
 
@@ -180,7 +195,7 @@ def new_scratch(p, seed_cost):
 # --------------------------------------------------------------------------- a workload
 
 
-@njit(cache=True)
+@kernel
 def order_index(n, pct):
     """k of the percentile's order statistic x_(k) of n samples: k = ceil(n pct), numpy's
     'inverted_cdf' (never an interpolation, so a pointwise lower bound stays one)."""
@@ -288,7 +303,7 @@ def scenario_tpots(p, B, mu, sc, fail_cap):
 def evaluate_workload_into(p, B, mu, sc, stop_early):
     """(percentile TPOT, mean TPOT) µs of the selection in sc under the workload's scenarios;
     (inf, inf) when `stop_early` and the percentile is sure to miss the SLO."""
-    link_bw, link_lat, _intra = plan_link(p, sc.cfg, plan_gpus(p, sc.cfg, sc.rep))
+    link_bw, link_lat, _intra = plan_link(fabric(p), sc.cfg, plan_gpus(fabric(p), sc.cfg, sc.rep))
     stage_vectors(p, sc, link_bw, link_lat)  # hand-off occupancy and latency (context-free)
     knot_stage_times(p, sc)
     total = p.scen_cs.shape[0] * sample_groups(p, sc)
@@ -300,7 +315,7 @@ def evaluate_workload_into(p, B, mu, sc, stop_early):
     return vals[kk - 1], vals.sum() / n
 
 
-@inner
+@inner_inline
 def _selected(p, cfg, mb, replicas):
     sc = new_scratch(p, np.inf)
     for o in range(p.k):
@@ -321,7 +336,7 @@ def _workload_times(p, B, mu, sc):
     return t_check, t_mean, t_show, samples
 
 
-@njit(cache=True)
+@kernel
 def _detail(p, B, mu, cfg, mb, replicas, workload):
     # workload: None (a fixed context) or True; numba prunes the branch not taken at compile time
     sc = _selected(p, cfg, mb, replicas)
@@ -330,7 +345,8 @@ def _detail(p, B, mu, cfg, mb, replicas, workload):
         t_check, t_mean, t_show, samples = t, t, t, np.zeros(0)
     else:
         t_check, t_mean, t_show, samples = _workload_times(p, B, mu, sc)
-    return (t_check, t_mean, t_show, samples, sc) + _figures(p, mu, cfg, mb, replicas, sc, t_show)
+    # the stage vectors, not the whole scratch: every array returned is boxed by compiled code
+    return (t_check, t_mean, t_show, samples, sc.t, sc.occ, sc.latv) + _figures(p, mu, cfg, mb, replicas, sc, t_show)
 
 
 @inner_inline
@@ -338,8 +354,8 @@ def _figures(p, mu, cfg, mb, replicas, sc, t_show):
     """Everything else a plan states about the selection in sc (stage vectors already there)."""
     s, k = p.stage_owner.shape[0], p.k
     measured = np.empty(s)
-    gpus = plan_gpus(p, cfg, replicas)
-    _bw, _lat, intra = plan_link(p, cfg, gpus)
+    gpus = plan_gpus(fabric(p), cfg, replicas)
+    _bw, _lat, intra = plan_link(fabric(p), cfg, gpus)
     for j in range(s):
         o = p.stage_owner[j]
         measured[j] = range_sum(p.mpref[cfg[o], mb[o]], p.stage_start[j], p.stage_end[j])
@@ -349,7 +365,7 @@ def _figures(p, mu, cfg, mb, replicas, sc, t_show):
     usable = np.empty(k)
     rsum = 0.0
     for o in range(k):
-        need[o] = owner_need(p, o, cfg[o], mu, sc.bh[o])
+        need[o] = owner_bytes(p, o, cfg[o], mu, sc.bh[o])
         usable[o] = p.cfg_mem[cfg[o]]
         rsum += cost_rate(p.latency_objective, k, p.cfg_price[cfg[o]], p.cfg_tp[cfg[o]], mu, sc.bh[o])
     return measured, gpus, intra, comp, kind, index, need, usable, rsum
@@ -399,7 +415,7 @@ class Evaluation(NamedTuple):
 def evaluate(p: Problem, sel: Selection) -> Evaluation:
     """Evaluate one Selection exactly as the search leaf scored it."""
     workload = True if p.knots.shape[0] else None
-    (t_rtt, t_mean, t_show, samples, sc, measured, gpus, intra, comp, kind, index, need, usable,
+    (t_rtt, t_mean, t_show, samples, t, occ, latv, measured, gpus, intra, comp, kind, index, need, usable,
      rate) = _detail(p, sel.batch, sel.mu, sel.cfg, sel.mb, sel.replicas, workload)
-    return Evaluation(float(t_rtt), float(t_mean), float(t_show), samples, sc.t, sc.occ, sc.latv, measured,
+    return Evaluation(float(t_rtt), float(t_mean), float(t_show), samples, t, occ, latv, measured,
                       float(gpus), bool(intra), comp, int(kind), int(index), need, usable, float(rate))

@@ -126,7 +126,7 @@ def build_points(p, ot, o, B, mu, pts):
             m = p.mb_index[bh]
             if m < 0:
                 continue
-            if memory_need(p, ot.wown[o, c], ot.kvown[o, c], ot.kvcown[o, c], p.cfg_ws[c], mu, bh) > p.cfg_mem[c]:
+            if memory_need(p.units, ot.wown[o, c], ot.kvown[o, c], ot.kvcown[o, c], p.cfg_ws[c], mu, bh) > p.cfg_mem[c]:
                 continue
             tot = 0.0
             for i in range(ot.count[o]):

@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from opweave_planner.search.bounds import lower_bound
 from opweave_planner.search.evaluate import (
     NODE_TOL,
     evaluate_into,
     evaluate_workload_into,
+    fabric,
     new_scratch,
     plan_gpus,
     plan_link,
@@ -45,6 +45,7 @@ from opweave_planner.search.problem import (
     hot,
     hot_inline,
     inner_inline,
+    kernel,
 )
 
 EPS = PRUNE_EPS
@@ -60,7 +61,7 @@ def _select(pts, sc, k):
 @inner_inline
 def _leaf(h, p, pts, sc, B, mu, workload):
     """Simulate a complete assignment that survived the bounds; keep it if it is the best."""
-    if plan_nodes(h, sc.cfg, sc.rep) > h.max_nodes:
+    if plan_nodes(fabric(h), sc.cfg, sc.rep) > h.max_nodes:
         sc.counters[C_BOUND] += 1
         return
     sc.counters[C_SIM] += 1
@@ -74,7 +75,7 @@ def _leaf(h, p, pts, sc, B, mu, workload):
     rsum = 0.0
     for o in range(h.k):
         rsum += pts.r[o, sc.sel[o]]
-    gpus = plan_gpus(h, sc.cfg, sc.rep)
+    gpus = plan_gpus(fabric(h), sc.cfg, sc.rep)
     cost = tmean * rsum
     bf = sc.best_f
     if cost < bf[0] or (cost == bf[0] and gpus < bf[2] - NODE_TOL):
@@ -121,7 +122,7 @@ def walk(h, ot, pts, sc, B, mu, opt_link):
         link_bw, link_lat = opt_link[0], opt_link[1]
         if depth == k:
             _select(pts, sc, k)
-            link_bw, link_lat, _intra = plan_link(h, sc.cfg, plan_gpus(h, sc.cfg, sc.rep))
+            link_bw, link_lat, _intra = plan_link(fabric(h), sc.cfg, plan_gpus(fabric(h), sc.cfg, sc.rep))
         if use_bnb or depth == k:
             t_lb, rsum, gpus = lower_bound(ot, pts, sc, depth, B, mu, link_bw, link_lat + tx_min)
             if depth == k:
@@ -153,7 +154,7 @@ def _collect(h, ot, B, mu, pts):
     return rho_floor
 
 
-@njit(cache=True)
+@kernel
 def _search(p, seed_cost, use_pareto, use_bnb, workload):
     # `workload` is None (a fixed context) or True: its type, not its value, picks the leaf's
     # objective, so each mode compiles once and only its own kernels (see `_leaf`)
