@@ -1,6 +1,7 @@
 """Closed-loop check of the workload planner (issue 13): replay a trace through a plan.
 
-Usage:  python benchmarks/workload_replay.py [--steps 10000] [--warmup 500] [--seed 1] [CASE ...]
+Usage:  python benchmarks/workload_replay.py [--steps 10000] [--warmup 500] [--seed 1]
+                                            [--kv-quantile 0.999] [CASE ...]
 
 For each case the workload-aware plan is made (`api.plan`), then the trace is replayed
 through its placement step by step with continuous batching:
@@ -35,7 +36,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "examples" / "traces" / "mooncake-conversation-sample.jsonl"
 
-CASES_Q = "--kv-quantile (0.999)"
 CASES = {
     "gemma-60ms": dict(model="gemma-3-27b", slo="60ms", gpus="h100", workload=str(TRACE), scale_ctx="32k"),
     "gemma-25ms": dict(model="gemma-3-27b", slo="25ms", gpus="h100", workload=str(TRACE), scale_ctx="8k"),
@@ -167,7 +167,7 @@ def run_case(name: str, spec: dict, steps: int, warmup: int, seed: int) -> dict:
         "p95_err_pct": (pred.p95_ms / q[95] - 1) * 100, "peak_gib": [float(x) / 2**30 for x in peak],
         "reserved_gib": [x / 2**30 for x in reserved],
         "memory_ok": all(p <= r * (1 + 1e-8) for p, r in zip(peak, reserved, strict=True)),
-        "over": over,
+        "over": over, "kv_quantile": req.kv_quantile, "cost": plan.usd_per_million_tokens,
         "finished": finished, "t_plan": t_plan, "t_replay": time.perf_counter() - t0,
     }
 
@@ -178,13 +178,16 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--kv-quantile", type=float, default=None,
+                    help="plan the cases with this --kv-quantile (default: the planner's, 0.999)")
     a = ap.parse_args(argv)
     ok = True
     unknown = [c for c in a.cases if c not in CASES]
     if unknown:
         ap.error(f"unknown case {unknown[0]}; expected one of {', '.join(CASES)}")
     for name in a.cases:
-        r = run_case(name, CASES[name], a.steps, a.warmup, a.seed)
+        spec = CASES[name] if a.kv_quantile is None else dict(CASES[name], kv_quantile=a.kv_quantile)
+        r = run_case(name, spec, a.steps, a.warmup, a.seed)
         if "error" in r:
             print(f"{name}: infeasible: {r['error']}")
             continue
@@ -201,7 +204,8 @@ def main(argv=None) -> int:
                   f"({'ok' if pk <= rs * (1 + 1e-8) else f'EXCEEDED by {(pk / rs - 1) * 100:.1f} %'})")
         n_over, n_all = r["over"]
         print(f"  replica-steps above the reserved memory: {n_over:,} of {n_all:,} ({n_over / n_all:.4%}; the "
-              f"reserve is the {CASES_Q} quantile of one snapshot)")
+              f"reserve is the --kv-quantile {r['kv_quantile']} quantile of one snapshot; cost "
+              f"{r['cost']:.4f} USD/Mtok)")
         ok &= abs(r["p95_err_pct"]) <= 5 and r["memory_ok"]
     print("all within target" if ok else "TARGET MISSED")
     return 0 if ok else 1
