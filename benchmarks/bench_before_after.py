@@ -13,7 +13,10 @@ rounds is reported with the ratio new / old (time: < 1 is faster; rate: > 1 is f
                  benchmarks/bench_search_ablation.py prints for Full on H100, full grid;
 * simulator      sims/s of each tree's benchmarks/bench_simulator.py (21 and 124 stages);
 * cold compile   the planner path on a tiny request with an empty NUMBA_CACHE_DIR, minus the
-                 same request with a warm cache (numba compilation of the search kernels).
+                 same request with a warm cache (numba compilation of the search kernels);
+* cold compile, workload   the same for gemma-3-27b, 60 ms, the shipped Mooncake sample at
+                 --scale-ctx 32k, --gpus h100 (the workload objective's kernels); skipped
+                 when the old tree has no workload planner.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ PLAN = ("--model", "gemma-3-27b", "--slo", "60ms", "--ctx", "32k", "--gpus", "h1
 # flags both the old and the new CLI take; the colocated search compiles the same kernels
 TINY = ("--model", "llama-3.1-8b", "--slo", "60ms", "--ctx", "8k", "--gpus", "h100", "--quiet",
         "--policy", "colocated", "--max-gpus", "8")
+WORKLOAD = ("--model", "gemma-3-27b", "--slo", "60ms", "--workload", "examples/traces/mooncake-conversation-sample.jsonl",
+            "--scale-ctx", "32k", "--gpus", "h100", "--quiet")
 RUN = "import sys; from opweave_planner.cli.main import run; sys.argv[0] = 'opweave-plan'; run()"
 
 
@@ -68,11 +73,15 @@ def simulator_rates(tree: Path) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
-def cold_compile_seconds(tree: Path) -> float:
+def cold_compile_seconds(tree: Path, request: tuple[str, ...] = TINY) -> float:
     with tempfile.TemporaryDirectory() as cache:
-        cold = _timed([sys.executable, "-c", RUN, *TINY], _env(tree, cache), tree)[0]
-        warm = _timed([sys.executable, "-c", RUN, *TINY], _env(tree, cache), tree)[0]
+        cold = _timed([sys.executable, "-c", RUN, *request], _env(tree, cache), tree)[0]
+        warm = _timed([sys.executable, "-c", RUN, *request], _env(tree, cache), tree)[0]
     return cold - warm
+
+
+def has_workloads(tree: Path) -> bool:
+    return (tree / "src" / "opweave_planner" / "inputs" / "workload.py").is_file() and (tree / WORKLOAD[5]).is_file()
 
 
 FIGURES = (
@@ -80,6 +89,7 @@ FIGURES = (
     ("search Full H100 (s)", lambda t: (search_seconds(t),), ("",), "time"),
     ("simulator (sims/s)", simulator_rates, (" 21 stages", " 124 stages"), "rate"),
     ("cold compile (s)", lambda t: (cold_compile_seconds(t),), ("",), "time"),
+    ("cold compile, workload (s)", lambda t: (cold_compile_seconds(t, WORKLOAD),), ("",), "time"),
 )
 
 
@@ -97,6 +107,9 @@ def main(argv=None) -> int:
     print(f"{'figure':<34}{'old':>12}{'new':>12}{'new/old':>10}")
     for name, fn, parts, kind in FIGURES:
         if args.only and not any(name.startswith(p) for p in args.only.split(",")):
+            continue
+        if "workload" in name and not has_workloads(old):
+            print(f"{name:<34}{'(old tree has no workload planner)':>34}")
             continue
         runs: dict[str, list[tuple[float, ...]]] = {"old": [], "new": []}
         for _ in range(args.rounds):

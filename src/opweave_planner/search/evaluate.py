@@ -32,7 +32,6 @@ from opweave_planner.schedule.kernels import (
     simulate_rtt_scratch,
 )
 from opweave_planner.search.problem import (
-    PRUNE_EPS,
     Fabric,
     Problem,
     Scratch,
@@ -40,6 +39,7 @@ from opweave_planner.search.problem import (
     inner,
     inner_inline,
     kernel,
+    objective_flags,
 )
 
 NODE_TOL = 1e-9
@@ -273,13 +273,12 @@ def scenario_contexts(p, s, B, mu, group, sc):
 
 
 @inner
-def scenario_tpots(p, B, mu, sc, fail_cap):
+def scenario_tpots(p, B, mu, sc, cap, fail_cap):
     """sc.samples[:n] = the steady-state period of each scenario (one owner: of each replica),
     with per-microbatch stage times; returns n, or -1 as soon as more than `fail_cap` samples
-    exceed the SLO (the percentile can no longer meet it)."""
+    exceed `cap` µs (the percentile can no longer meet it)."""
     s_n, k = p.stage_owner.shape[0], p.k
     groups = sample_groups(p, sc)
-    cap = p.slo * (1.0 + PRUNE_EPS)
     n = 0
     fails = 0
     for s in range(p.scen_cs.shape[0]):
@@ -300,15 +299,16 @@ def scenario_tpots(p, B, mu, sc, fail_cap):
 
 
 @inner
-def evaluate_workload_into(p, B, mu, sc, stop_early):
+def evaluate_workload_into(p, B, mu, sc, cap):
     """(percentile TPOT, mean TPOT) µs of the selection in sc under the workload's scenarios;
-    (inf, inf) when `stop_early` and the percentile is sure to miss the SLO."""
+    (inf, inf) as soon as the percentile is sure to exceed `cap` µs (the search passes the SLO,
+    the plan writer inf). A float, not a flag: numba compiles a function once per literal bool."""
     link_bw, link_lat, _intra = plan_link(fabric(p), sc.cfg, plan_gpus(fabric(p), sc.cfg, sc.rep))
     stage_vectors(p, sc, link_bw, link_lat)  # hand-off occupancy and latency (context-free)
     knot_stage_times(p, sc)
     total = p.scen_cs.shape[0] * sample_groups(p, sc)
     kk = order_index(total, p.pct)
-    n = scenario_tpots(p, B, mu, sc, total - kk if stop_early else total)
+    n = scenario_tpots(p, B, mu, sc, cap, total - kk)
     if n < 0:
         return np.inf, np.inf
     vals = np.sort(sc.samples[:n])
@@ -327,23 +327,28 @@ def _selected(p, cfg, mb, replicas):
 @inner_inline
 def _workload_times(p, B, mu, sc):
     """(checked, mean, shown) TPOT and the sorted scenario samples of the selection in sc."""
-    t_check, t_mean = evaluate_workload_into(p, B, mu, sc, False)
+    t_check, t_mean = evaluate_workload_into(p, B, mu, sc, np.inf)
     samples = np.sort(sc.samples[:p.scen_cs.shape[0] * sample_groups(p, sc)])
     g, w = locate(p.knots, p.theta)  # stage figures shown at the stationary mean context
     for j in range(p.stage_owner.shape[0]):
         sc.t[j] = knot_time(sc.kt, j, g, w)
-    t_show = simulate_rtt_scratch(p.stage_owner, sc.t, sc.occ, sc.latv, mu, p.k, sc.fbuf, sc.ibuf)
+        for i in range(mu):
+            sc.t2[j, i] = sc.t[j]
+    # every microbatch alike through the per-microbatch simulator: the same schedule, and a
+    # workload run compiles no one-time-per-stage variant of the simulator besides
+    t_show = simulate_rtt_per_microbatch(p.stage_owner, sc.t2, sc.occ, sc.latv, mu, p.k, sc.fbuf, sc.ibuf)
     return t_check, t_mean, t_show, samples
 
 
 @kernel
-def _detail(p, B, mu, cfg, mb, replicas, workload):
-    # workload: None (a fixed context) or True; numba prunes the branch not taken at compile time
+def _detail(p, B, mu, cfg, mb, replicas, fixed, workload):
+    # fixed / workload: the objective's flags, exactly one of them None (`objective_flags`)
     sc = _selected(p, cfg, mb, replicas)
-    if workload is None:
-        t = evaluate_into(p, mu, sc)
-        t_check, t_mean, t_show, samples = t, t, t, np.zeros(0)
-    else:
+    t_check = t_mean = t_show = 0.0
+    samples = np.zeros(0)
+    if fixed is not None:
+        t_check = t_mean = t_show = evaluate_into(p, mu, sc)
+    if workload is not None:
         t_check, t_mean, t_show, samples = _workload_times(p, B, mu, sc)
     # the stage vectors, not the whole scratch: every array returned is boxed by compiled code
     return (t_check, t_mean, t_show, samples, sc.t, sc.occ, sc.latv) + _figures(p, mu, cfg, mb, replicas, sc, t_show)
@@ -414,8 +419,7 @@ class Evaluation(NamedTuple):
 
 def evaluate(p: Problem, sel: Selection) -> Evaluation:
     """Evaluate one Selection exactly as the search leaf scored it."""
-    workload = True if p.knots.shape[0] else None
     (t_rtt, t_mean, t_show, samples, t, occ, latv, measured, gpus, intra, comp, kind, index, need, usable,
-     rate) = _detail(p, sel.batch, sel.mu, sel.cfg, sel.mb, sel.replicas, workload)
+     rate) = _detail(p, sel.batch, sel.mu, sel.cfg, sel.mb, sel.replicas, *objective_flags(p))
     return Evaluation(float(t_rtt), float(t_mean), float(t_show), samples, t, occ, latv, measured,
                       float(gpus), bool(intra), comp, int(kind), int(index), need, usable, float(rate))

@@ -272,6 +272,14 @@ def typed(p: Problem) -> Problem:
         pct=float(p.pct), theta=float(p.theta))
 
 
+def objective_flags(p: Problem) -> tuple[bool | None, bool | None]:
+    """(fixed, workload): which objective a Problem's kernels compile, as two flags of which
+    exactly one is None. Numba drops a branch `if flag is not None` at compile time only when
+    the flag is None (a True flag is a run-time value), so each objective sits under its own
+    flag and a run compiles the kernels of its own objective only, not both."""
+    return (None, True) if p.knots.shape[0] else (True, None)
+
+
 def selection(batch: int, mu: int, cfg, replicas, mb) -> Selection:
     return Selection(int(batch), int(mu), np.asarray(cfg, np.int64), np.asarray(replicas, np.int64),
                      np.asarray(mb, np.int64))

@@ -46,6 +46,7 @@ from opweave_planner.search.problem import (
     hot_inline,
     inner_inline,
     kernel,
+    objective_flags,
 )
 
 EPS = PRUNE_EPS
@@ -59,17 +60,20 @@ def _select(pts, sc, k):
 
 
 @inner_inline
-def _leaf(h, p, pts, sc, B, mu, workload):
-    """Simulate a complete assignment that survived the bounds; keep it if it is the best."""
+def _leaf(h, p, pts, sc, B, mu, fixed, workload):
+    """Simulate a complete assignment that survived the bounds; keep it if it is the best.
+
+    fixed / workload: the objective's flags, exactly one of them None (see `objective_flags`)."""
     if plan_nodes(fabric(h), sc.cfg, sc.rep) > h.max_nodes:
         sc.counters[C_BOUND] += 1
         return
     sc.counters[C_SIM] += 1
-    if workload is None:  # a fixed context (numba prunes the branch not taken at compile time)
+    trtt = tmean = 0.0
+    if fixed is not None:  # a fixed context
         trtt = evaluate_into(p, mu, sc)
         tmean = trtt
-    else:  # a workload: the percentile for the SLO, the mean for the cost
-        trtt, tmean = evaluate_workload_into(p, B, mu, sc, True)
+    if workload is not None:  # a workload: the percentile for the SLO, the mean for the cost
+        trtt, tmean = evaluate_workload_into(p, B, mu, sc, h.slo_cap)
     if trtt > h.slo_cap:
         return
     rsum = 0.0
@@ -155,7 +159,7 @@ def _collect(h, ot, B, mu, pts):
 
 
 @kernel
-def _search(p, seed_cost, use_pareto, use_bnb, workload):
+def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
     # `workload` is None (a fixed context) or True: its type, not its value, picks the leaf's
     # objective, so each mode compiles once and only its own kernels (see `_leaf`)
     ot = owner_tables(p)
@@ -186,15 +190,14 @@ def _search(p, seed_cost, use_pareto, use_bnb, workload):
                     pareto_filter(h, ot, o, not one_node, pts, sc.counters)
                 sort_points(pts, o)
             while walk(h, ot, pts, sc, B, mu, opt_link):
-                _leaf(h, p, pts, sc, B, mu, workload)
+                _leaf(h, p, pts, sc, B, mu, fixed, workload)
     return sc.best_f, sc.best_i, sc.counters
 
 
 def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,
                     use_bnb: bool = True) -> SearchResult:
     """The cheapest SLO-feasible Selection of one template's Problem over every (B, mu)."""
-    workload = True if p.knots.shape[0] else None
-    best_f, best_i, counters = _search(p, float(seed_cost), bool(use_pareto), bool(use_bnb), workload)
+    best_f, best_i, counters = _search(p, float(seed_cost), bool(use_pareto), bool(use_bnb), *objective_flags(p))
     k = p.k
     found = bool(np.isfinite(best_f[0]))
     sel = Selection(int(best_i[0]), int(best_i[1]), best_i[2::3][:k].copy(), best_i[3::3][:k].copy(),
