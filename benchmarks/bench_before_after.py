@@ -36,8 +36,9 @@ PLAN = ("--model", "gemma-3-27b", "--slo", "60ms", "--ctx", "32k", "--gpus", "h1
 # flags both the old and the new CLI take; the colocated search compiles the same kernels
 TINY = ("--model", "llama-3.1-8b", "--slo", "60ms", "--ctx", "8k", "--gpus", "h100", "--quiet",
         "--policy", "colocated", "--max-gpus", "8")
-WORKLOAD = ("--model", "gemma-3-27b", "--slo", "60ms", "--workload", "examples/traces/mooncake-conversation-sample.jsonl",
-            "--scale-ctx", "32k", "--gpus", "h100", "--quiet")
+TRACE = "examples/traces/mooncake-conversation-sample.jsonl"
+WORKLOAD = ("--model", "gemma-3-27b", "--slo", "60ms", "--workload", TRACE, "--scale-ctx", "32k", "--gpus", "h100",
+            "--quiet")
 RUN = "import sys; from opweave_planner.cli.main import run; sys.argv[0] = 'opweave-plan'; run()"
 
 
@@ -81,7 +82,7 @@ def cold_compile_seconds(tree: Path, request: tuple[str, ...] = TINY) -> float:
 
 
 def has_workloads(tree: Path) -> bool:
-    return (tree / "src" / "opweave_planner" / "inputs" / "workload.py").is_file() and (tree / WORKLOAD[5]).is_file()
+    return (tree / "src" / "opweave_planner" / "inputs" / "workload.py").is_file() and (tree / TRACE).is_file()
 
 
 FIGURES = (

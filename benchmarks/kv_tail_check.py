@@ -1,6 +1,7 @@
 """Monte Carlo check of the KV reserve's tail: is the `--kv-quantile` reserve what it says?
 
-Usage:  python benchmarks/kv_tail_check.py [--n 96] [--snapshots 2000000] [--quantiles 0.999,0.9999,0.99999]
+Usage:  python benchmarks/kv_tail_check.py [--n 96] [--snapshots 2000000] [--seed 0]
+                                           [--quantiles 0.999,0.9999,0.99999]
 
 For the workload of `workload_replay.py`'s qwen3-next case (the Mooncake sample at
 --scale-ctx 32k), the planner reserves `units[n]` context tokens for n resident requests:
@@ -42,10 +43,12 @@ def exceedance(draw, reserve: float, snapshots: int) -> float:
 def check(q: float, n: int, snapshots: int, seed: int) -> tuple[float, float, float]:
     """(reserve tokens, exceedance under the planner's law, exceedance from the trace)."""
     from opweave_planner import api
-    from opweave_planner.search.traffic import build_traffic
+    from opweave_planner.search.traffic import build_traffic, resident_counts
 
     req = api.make_request("qwen3-next-80b-a3b", "80ms", workload=str(TRACE), scale_ctx="32k", gpus="h100",
                            kv_quantile=q)
+    if n not in resident_counts(req):
+        raise SystemExit(f"--n {n}: the planner reserves only for resident counts {resident_counts(req)}")
     tr = build_traffic(req)
     wl = tr.workload
     reserve = float(tr.units[n])

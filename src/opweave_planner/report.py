@@ -451,7 +451,8 @@ CACHED_DECORATORS = ("kernel", "_kernel", "hot", "inner", "_inner", "inner_inlin
 
 
 def _cached_functions(source: str) -> list[tuple[str, int]]:
-    """(qualname, first line) of every ``@njit(cache=True)``/``@jit(cache=True)``/``@hot`` function."""
+    """(qualname, first line) of every ``@njit(cache=True, ...)``/``@jit(cache=True, ...)`` function
+    and every one decorated by a name in CACHED_DECORATORS."""
     out: list[tuple[str, int]] = []
 
     def cached(dec: ast.expr) -> bool:

@@ -41,7 +41,7 @@ from opweave_planner.errors import UserError
 StartState = Literal["stationary", "cold"]
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)  # no C-callable wrapper: never passed as a value
 def _bundle_kernel(
     coef,
     batch,

@@ -382,6 +382,7 @@ def critical_resource(comp, egr, ing):
 
 @_inner
 def _largest(arr):
+    """The largest entry (-inf for none): a loop, not arr.max(), which compiles numba's generic reduction."""
     top = -np.inf
     for o in range(arr.shape[0]):
         top = max(top, arr[o])
@@ -390,6 +391,7 @@ def _largest(arr):
 
 @_inner
 def _first_at_least(arr, cut):
+    """Index of the first entry >= cut, -1 if none: the lowest owner wins a tie."""
     for o in range(arr.shape[0]):
         if arr[o] >= cut:
             return o

@@ -36,6 +36,7 @@ from opweave_planner.search.problem import (
     Problem,
     Scratch,
     Selection,
+    hot_inline,
     inner,
     inner_inline,
     kernel,
@@ -86,10 +87,11 @@ def cost_rate(latency_objective, k, price, tp, mu, bh):
     return price * tp / (mu * bh)
 
 
-@inner_inline
+@hot_inline
 def fabric(p):
     """The GPUs and links of a Problem or a Hot (same field names), as one small tuple: the
-    link and node rules then compile once, not once per tuple type that carries them."""
+    link and node rules then compile once, not once per tuple type that carries them. It
+    allocates nothing, so it may be inlined into `hot` callers (walk) as well as `inner` ones."""
     return Fabric(p.cfg_gpu, p.cfg_node, p.cfg_tp, p.cfg_intra_bw, p.bw, p.lat, p.intra_lat)
 
 
@@ -317,6 +319,7 @@ def evaluate_workload_into(p, B, mu, sc, cap):
 
 @inner_inline
 def _selected(p, cfg, mb, replicas):
+    """A fresh scratch holding the given selection, as the walk's `_select` leaves it."""
     sc = new_scratch(p, np.inf)
     for o in range(p.k):
         sc.cfg[o], sc.mb[o], sc.rep[o] = cfg[o], mb[o], replicas[o]
@@ -342,7 +345,8 @@ def _workload_times(p, B, mu, sc):
 
 @kernel
 def _detail(p, B, mu, cfg, mb, replicas, fixed, workload):
-    # fixed / workload: the objective's flags, exactly one of them None (`objective_flags`)
+    """The plan writer's one entry point: `Evaluation`'s fields for one selection, scored as the
+    leaf scores it. fixed / workload: the objective's flags, exactly one None (`objective_flags`)."""
     sc = _selected(p, cfg, mb, replicas)
     t_check = t_mean = t_show = 0.0
     samples = np.zeros(0)

@@ -160,8 +160,8 @@ def _collect(h, ot, B, mu, pts):
 
 @kernel
 def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
-    # `workload` is None (a fixed context) or True: its type, not its value, picks the leaf's
-    # objective, so each mode compiles once and only its own kernels (see `_leaf`)
+    # fixed / workload: the objective's flags from `objective_flags`, exactly one of them None;
+    # the None one's branches are dropped at compile time, so each mode compiles only its own kernels
     ot = owner_tables(p)
     pts = new_points(p)
     sc = new_scratch(p, seed_cost)
