@@ -567,9 +567,9 @@ def kernels_cache_is_warm(names: Iterable[str] = KERNEL_FILES, environ=None) -> 
     return all(numba_cache_is_warm(f, environ) for f in kernel_files(names))
 
 
-# 12-16 s of compilation on the 2-core development machine (benchmarks/bench_before_after.py,
-# "cold compile" rows: a fixed context, a workload), 24 s for the README's first command's whole
-# search in a fresh environment
+# 11-13 s (a fixed context) and 16 s (a workload) of compilation on the 2-core development
+# machine (benchmarks/bench_before_after.py, "cold compile" rows), 24 s for the README's first
+# command's whole search in a fresh environment
 COMPILE_NOTICE = ("compiling the numba search kernels (first run only; typically 10-30 s, "
                   "cached for later runs)")
 

@@ -328,8 +328,10 @@ class PlanRequest(BaseModel):
     def traffic(self):
         """The materialised workload (`inputs.workload.Workload`): a fixed context or the
         stationary decode-context law of the trace / law, read and shaped once per process."""
+        from opweave_planner.inputs.workload import file_stamp
+
         return _traffic(self.ctx, self.workload, self.scale_ctx, self.max_model_len, self.overflow,
-                        _file_stamp(self.workload))
+                        file_stamp(self.workload))
 
     @property
     def context_tokens(self) -> int:
@@ -375,17 +377,6 @@ def with_model_window(req: PlanRequest, max_context: int | None) -> PlanRequest:
         raise UserError(f"--max-model-len: {req.max_model_len} tokens exceeds the model's "
                         f"max_position_embeddings ({max_context})")
     return req
-
-
-def _file_stamp(path: str | None) -> tuple[int, int] | None:
-    """(mtime ns, size) of a workload file: a trace edited in a running process is read again."""
-    import os
-
-    try:
-        st = os.stat(path) if path else None
-    except OSError:
-        return None
-    return None if st is None else (st.st_mtime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=16)

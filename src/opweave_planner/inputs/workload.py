@@ -568,26 +568,38 @@ def read_trace(path: str | Path) -> Trace:
 _TRACES: dict[tuple[str, str], Trace] = {}
 
 
+def _keep(cache: dict, key, value):
+    """Store in one of this module's small caches, dropping the oldest of more than eight."""
+    if len(cache) >= 8:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
+
+
 def _remember(tr: Trace, path: str) -> Trace:
     """Keep the last few traces read, under their resolved path (a spec re-reads none)."""
-    if len(_TRACES) >= 8:
-        _TRACES.pop(next(iter(_TRACES)))
     tr = Trace(path, tr.format, tr.sha256, tr.prompt, tr.output)
-    _TRACES[(path, tr.sha256)] = tr
-    return tr
+    return _keep(_TRACES, (path, tr.sha256), tr)
+
+
+def file_stamp(path: str | os.PathLike | None) -> tuple[str, int, int] | None:
+    """(resolved path, mtime ns, size) of a file, None when it is not one (a law, no workload):
+    a cache key under which a file edited in a running process is another file."""
+    try:
+        resolved = str(Path(path).resolve()) if path else None
+        st = os.stat(resolved) if resolved else None
+    except OSError:
+        return None
+    return None if st is None else (resolved, st.st_mtime_ns, st.st_size)
 
 
 def _read_once(path: Path) -> Trace:
     """`read_trace` once per file version per process: a request is validated before and after
-    the model's window is known, and both see the same file (resolved path, mtime, size)."""
-    resolved = str(path.resolve())
-    st = os.stat(resolved)
-    key = (resolved, st.st_mtime_ns, st.st_size)
-    if key not in _BY_STAMP:
-        if len(_BY_STAMP) >= 8:
-            _BY_STAMP.pop(next(iter(_BY_STAMP)))
-        _BY_STAMP[key] = _remember(read_trace(path), resolved)
-    return _BY_STAMP[key]
+    the model's window is known, and both see the same file."""
+    key = file_stamp(path)
+    if key is None:
+        return read_trace(path)  # not a readable file: read_trace says why, in one line
+    return _BY_STAMP[key] if key in _BY_STAMP else _keep(_BY_STAMP, key, _remember(read_trace(path), key[0]))
 
 
 _BY_STAMP: dict[tuple[str, int, int], Trace] = {}

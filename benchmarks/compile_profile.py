@@ -1,0 +1,93 @@
+"""Where numba's cold compile of a plan goes: per kernel, signatures, typing, lowering, IR size.
+
+Usage:  python benchmarks/compile_profile.py [--workload] [--top 25]
+        PYTHONPATH=<other checkout>/src python benchmarks/compile_profile.py   # another tree
+
+Plans one request with an empty NUMBA_CACHE_DIR (a temporary folder) and prints, from numba's
+own records: the number of compiled signatures; per kernel its exclusive typing and lowering
+time (lowering includes LLVM; nested compiles are subtracted from typing, where numba runs
+them); and the size of the LLVM IR of each Python entry point's final module with its largest
+functions (a callee's module is linked into every caller, so this is what gets optimised and
+turned into machine code once per entry point). Without --workload the request is the cold-
+compile request of bench_before_after.py (fixed context); with it, its workload request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import os
+import re
+import sys
+import tempfile
+import time
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", action="store_true", help="profile the workload request instead")
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args(argv)
+    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp()
+    from numba.core import event
+    from numba.core.registry import CPUDispatcher
+
+    stack: list[list] = []
+    nested: dict[int, float] = collections.defaultdict(float)
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            stack.append([ev.data["dispatcher"], time.perf_counter()])
+
+        def on_end(self, ev):
+            _disp, t0 = stack.pop()
+            if stack:
+                nested[id(stack[-1][0])] += time.perf_counter() - t0
+
+    event.register("numba:compile", Listener())
+    from opweave_planner import api
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if a.workload:
+        req = api.make_request("gemma-3-27b", "60ms", gpus="h100", scale_ctx="32k",
+                               workload=os.path.join(root, "examples", "traces", "mooncake-conversation-sample.jsonl"))
+    else:
+        req = api.make_request("llama-3.1-8b", "60ms", "8k", gpus="h100", policy="colocated", max_gpus=8)
+    t0 = time.perf_counter()
+    api.plan(req)
+    print(f"plan with an empty cache: {time.perf_counter() - t0:.2f} s")
+    rows, entries = [], []
+    sigs = 0
+    for obj in gc.get_objects():
+        if not (isinstance(obj, CPUDispatcher) and obj.overloads):
+            continue
+        ours = obj.py_func.__module__.startswith("opweave_planner")
+        name = f"{obj.py_func.__module__.split('.')[-1]}.{obj.py_func.__qualname__}"
+        typing = lowering = 0.0
+        for cres in obj.overloads.values():
+            sigs += ours
+            for times in cres.metadata.get("pipeline_times", {}).values():
+                for key, t in times.items():
+                    if "type_inference" in key:
+                        typing += t.run
+                    elif "native_lowering" in key:
+                        lowering += t.run
+            if not cres.fndesc.llvm_func_name.startswith("cpython") and not obj.targetoptions.get(
+                    "no_cpython_wrapper") and ours:
+                entries.append((name, cres.library.get_llvm_str()))
+        rows.append((typing - nested[id(obj)] + lowering, typing - nested[id(obj)], lowering, name, len(obj.overloads)))
+    print(f"compiled signatures of the package's kernels: {sigs}")
+    print(f"{'exclusive s':>11} {'typing':>7} {'lowering':>8}  kernel (signatures)")
+    for total, typ, low, name, n in sorted(rows, reverse=True)[:a.top]:
+        print(f"{total:>11.2f} {typ:>7.2f} {low:>8.2f}  {name} ({n})")
+    print("entry points Python calls: final-module IR characters, largest functions")
+    for name, ir in sorted(entries, key=lambda e: -len(e[1]))[:6]:
+        funcs = sorted(((len(f), re.search(r'@"?([^"(]+)', f).group(1)) for f in re.split(r"\n(?=define )", ir)
+                        if f.startswith("define")), reverse=True)[:4]
+        print(f"  {name}: {len(ir):,}; " + ", ".join(f"{fn[:48]}… {n:,}" for n, fn in funcs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
