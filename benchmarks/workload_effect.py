@@ -11,8 +11,12 @@ one dataset). For gemma-3-27b (25 / 60 ms) and qwen3-next-80b-a3b (40 / 80 ms) o
   that meets the SLO, and whether its memory holds the trace's KV tail;
 * the workload-aware plan (`--workload trace --scale-ctx θ`): its cost and p95.
 
-Requests longer than the model's window are clipped there (a runtime's default
-max-model-len), so a cohort whose θ the window cannot reach is reported as such.
+Requests longer than the model's window (a runtime's default max-model-len) have their
+output clipped there (`--overflow clip`). Where clipping cannot build the cohort (rescaling
+would push more than half of the prompts past the window, e.g. 128k on qwen3-next), the
+cohort is built with `--overflow truncate` instead: the prompt keeps its most recent tokens,
+as a chat frontend trims a long history; each row says which. A cohort whose θ the window
+cannot reach at all (128k on gemma-3-27b, whose window is 128k) is reported as such.
 """
 
 from __future__ import annotations
@@ -27,6 +31,20 @@ TRACE = ROOT / "examples" / "traces" / "mooncake-conversation-sample.jsonl"
 CASES = {"gemma": ("gemma-3-27b", ("25ms", "60ms")), "qwen": ("qwen3-next-80b-a3b", ("40ms", "80ms"))}
 
 
+def _workload_request(model: str, slo: str, scale: str):
+    """(request, overflow): clip, or truncate where clipping cannot build the cohort."""
+    from opweave_planner import api
+    from opweave_planner.errors import UserError
+
+    try:
+        return api.make_request(model=model, slo=slo, gpus="h100", workload=str(TRACE), scale_ctx=scale), "clip"
+    except UserError as exc:
+        if "keeps only" not in str(exc):
+            raise
+    return api.make_request(model=model, slo=slo, gpus="h100", workload=str(TRACE), scale_ctx=scale,
+                            overflow="truncate"), "truncate"
+
+
 def one(model: str, slo: str, scale: str, jobs: int) -> dict:
     from opweave_planner import api
     from opweave_planner.contract import evaluate_plan
@@ -34,7 +52,7 @@ def one(model: str, slo: str, scale: str, jobs: int) -> dict:
 
     row: dict = {"model": model, "slo": slo, "scale": scale}
     try:
-        wreq = api.make_request(model=model, slo=slo, gpus="h100", workload=str(TRACE), scale_ctx=scale)
+        wreq, row["overflow"] = _workload_request(model, slo, scale)
     except UserError as exc:
         row["error"] = str(exc)
         return row
@@ -47,7 +65,7 @@ def one(model: str, slo: str, scale: str, jobs: int) -> dict:
     row["t_fixed"] = time.perf_counter() - t0
     row["theta"] = theta
     if dplan is not None:
-        ev = evaluate_plan(dplan, workload=str(TRACE), scale_ctx=scale)
+        ev = evaluate_plan(dplan, workload=str(TRACE), scale_ctx=scale, overflow=row["overflow"])
         row["fixed"] = dict(cost=dplan.usd_per_million_tokens, tpot=dplan.tpot_ms, p95=ev.plan.tpot_ms,
                             meets=ev.meets_slo, fits=ev.fits_memory, gpus=dplan.gpus_total,
                             stages=dplan.num_stages, batch=dplan.global_batch)
@@ -63,6 +81,8 @@ def one(model: str, slo: str, scale: str, jobs: int) -> dict:
 
 def _fmt(row: dict) -> str:
     head = f"{row['model']:<20} {row['slo']:>5} θ={row['scale']:>4}"
+    if row.get("overflow") == "truncate":
+        head += " (prompts truncated to the window)"
     if "error" in row:
         return f"{head}  n/a: {row['error']}"
     f, a = row["fixed"], row["aware"]

@@ -41,6 +41,9 @@ CASES = {
     "gemma-25ms": dict(model="gemma-3-27b", slo="25ms", gpus="h100", workload=str(TRACE), scale_ctx="8k"),
     "qwen3-next-80ms": dict(model="qwen3-next-80b-a3b", slo="80ms", gpus="h100", workload=str(TRACE),
                             scale_ctx="32k"),
+    # the 128k cohort: rescaling past the 256k window is possible only with prompts truncated
+    "qwen3-next-128k": dict(model="qwen3-next-80b-a3b", slo="40ms", gpus="h100", workload=str(TRACE),
+                            scale_ctx="128k", overflow="truncate"),
 }
 
 

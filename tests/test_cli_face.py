@@ -4,6 +4,7 @@ help texts that keep their bracketed words."""
 from __future__ import annotations
 
 import json
+import re
 
 from cli_helpers import cli
 
@@ -56,3 +57,21 @@ def test_unmeasured_tables_and_estimated_prices_are_warned_about():
     measured = cli("--model", "llama-3.1-8b", "--slo", "60ms", "--ctx", "8k", "--gpus", "h100", "--batches", "8,16",
                    "--max-owners", "1")
     assert "warning:" not in measured.stderr
+
+
+def test_profiles_show_prints_every_source_it_reports():
+    # floored (L40S MoE, L2-resident micro-benchmark) and fitted cells: the human table, not --json
+    res = cli("profiles", "show", "--model", "qwen3-30b-a3b", "--gpu", "l40s", "--tp", "2", "--ctx", "8k",
+              "--microbatches", "1,8")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "[source]" in text and "L floored at speed of light" in text
+    assert " L " in res.stdout and " F " in res.stdout and " M " in res.stdout
+
+
+def test_every_source_has_a_tag_and_a_legend_entry():
+    from opweave_planner.latency.interp import SOURCE_LEGEND, SOURCE_NAMES, SOURCE_SHORT
+
+    assert set(SOURCE_SHORT) == set(SOURCE_NAMES)
+    tags = re.findall(r"(?:^|, )([A-Z]) [a-z]", SOURCE_LEGEND)
+    assert sorted(tags) == sorted(SOURCE_SHORT.values())

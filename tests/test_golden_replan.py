@@ -3,7 +3,8 @@
 Goldens of the current schema versions must re-plan exactly: any change of a figure, a key
 or a rounding fails here, and a deliberate change regenerates them in a commit that says why.
 A file is stamped with the lowest version covering its keys, so today's planner writes 1.2
-(a fixed context) and 1.3 (a workload distribution) files; both kinds are re-planned. A
+(a fixed context), 1.3 (a workload distribution) and 1.4 (a trace whose prompts were
+truncated to --max-model-len) files; all three kinds are re-planned. A
 workload golden records its trace by absolute path: it is re-planned from the shipped example
 trace (same sha256) and compared with that one path put back.
 Goldens of older 1.x versions stay as read-compatibility fixtures (tests/test_contract.py):
@@ -42,7 +43,7 @@ def _strip(obj: dict, minor: int) -> dict:
     return obj
 
 
-CURRENT = ("1.2", SCHEMA_VERSION)  # what the planner writes today
+CURRENT = ("1.2", "1.3", SCHEMA_VERSION)  # what the planner writes today
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 
 
@@ -53,7 +54,7 @@ def _golden_files() -> list[Path]:
 
 def test_there_are_goldens_of_every_minor():
     minors = {orjson.loads(p.read_bytes())["schema_version"] for p in GOLDEN.glob("*.json")}
-    assert {"1.0", "1.1", "1.2", "1.3"} <= minors, minors
+    assert {"1.0", "1.1", "1.2", "1.3", SCHEMA_VERSION} <= minors, minors
     assert len(_golden_files()) >= 6
 
 
@@ -62,7 +63,10 @@ def test_golden_replans_to_the_same_bytes(path: Path):
     golden = read_plan(path)
     dist = golden.workload.distribution
     trace = None if dist is None else str(EXAMPLES / Path(dist.workload).name)
-    req = recorded_request(golden, workload=trace)
+    # the same trace at another path: keep the recorded shaping (another workload would drop it)
+    shaping = {} if dist is None else dict(scale_ctx=dist.scale_ctx, max_model_len=dist.max_model_len,
+                                           overflow=dist.overflow)
+    req = recorded_request(golden, workload=trace, **shaping)
     if isinstance(golden, Infeasible):
         # an infeasibility record keeps no searched space: this one was written by
         # test_contract.make (its SMALL space); its reason names the GPU set

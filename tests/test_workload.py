@@ -200,7 +200,7 @@ def test_not_utf8_and_missing_file(tmp_path):
 
 def test_every_request_longer_than_max_model_len_is_an_error(tmp_path):
     path = _write(tmp_path, "prompt_tokens,output_tokens\n5000,10\n6000,3\n")
-    for overflow in ("clip", "drop"):
+    for overflow in ("clip", "drop"):  # (truncate serves every request)
         with pytest.raises(UserError, match="every request is longer than --max-model-len") as e:
             workload_spec(workload=str(path), max_model_len="4k", overflow=overflow)
         assert str(path.resolve()) in str(e.value)
@@ -399,6 +399,39 @@ def test_clip_and_drop_counts():
     p2, _, clipped, dropped = apply_max_model_len(p, o, 100, "drop")
     np.testing.assert_array_equal(p2, [10, 40])
     assert (clipped, dropped) == (0, 3)
+
+
+def test_truncate_keeps_every_request_and_its_output():
+    p = np.array([10, 90, 100, 150, 40, 5])
+    o = np.array([5, 20, 1, 3, 60, 120])
+    p1, o1, clipped, dropped = apply_max_model_len(p, o, 100, "truncate")
+    # the prompt keeps its last 100 - output tokens; an output alone past the limit keeps 99
+    np.testing.assert_array_equal(p1, [10, 80, 99, 97, 40, 1])
+    np.testing.assert_array_equal(o1, [5, 20, 1, 3, 60, 99])
+    assert (clipped, dropped) == (4, 0)
+    assert np.all(p1 + o1 <= 100) and np.all(p1 >= 1)
+
+
+def test_truncate_builds_a_cohort_clipping_cannot(tmp_path):
+    # heavy-tailed prompts: rescaling to a high mean under the limit drops most requests with
+    # clip; truncate serves all of them, the long histories cut to the window
+    rng = np.random.default_rng(5)
+    p, d = np.rint(rng.lognormal(8.5, 1.2, 3000)).astype(int) + 1, rng.integers(1, 600, 3000)
+    path = _write(tmp_path, "prompt_tokens,output_tokens\n" + "".join(f"{a},{b}\n" for a, b in zip(p, d)))
+    with pytest.raises(UserError, match="keeps only"):
+        workload_spec(workload=str(path), scale_ctx="64k", max_model_len="128k")
+    w = trace_workload(path, scale_ctx="64k", max_model_len="128k", overflow="truncate")
+    assert w.theta == pytest.approx(64 * 1024, abs=0.5)
+    d_ = w.describe()
+    assert d_["requests"] == 3000 and d_["dropped"] == 0 and 0 < d_["clipped"] < 3000
+    assert w.max_context <= 128 * 1024 - 1
+    np.testing.assert_array_equal(w.output, d)  # outputs served whole
+
+
+def test_truncate_is_refused_for_a_length_law():
+    with pytest.raises(UserError, match="--overflow truncate: applies to a request trace"):
+        workload_spec(workload="lognormal:mean=2k,cv=1.2;out=geometric:300", max_model_len="8k",
+                      overflow="truncate")
 
 
 def test_trace_describe_counts_what_was_kept(tmp_path):

@@ -27,6 +27,15 @@ def _plan(**kw):
     return doc
 
 
+def test_a_truncated_trace_is_a_1_4_file_and_says_what_was_cut():
+    doc = _plan(slo="60ms", workload=str(AZURE), max_model_len="2k", overflow="truncate", max_stages=1)
+    d = doc.workload.distribution
+    assert doc.schema_version == "1.4" and d.overflow == "truncate"
+    assert d.dropped == 0 and d.requests == d.rows and d.clipped > 0 and d.max_context <= 2047
+    clip = _plan(slo="60ms", workload=str(AZURE), max_model_len="2k", max_stages=1)
+    assert clip.schema_version == "1.3" and clip.workload.distribution.dropped > 0
+
+
 def test_a_workload_plan_records_its_workload_and_tpot_distribution():
     doc = _plan(slo="30ms", workload=str(MOONCAKE), scale_ctx="8k")
     assert doc.schema_version == "1.3"

@@ -175,7 +175,7 @@ def sized(doc, req: PlanRequest, hw: Hardware):
                           target_concurrency=req.target_concurrency,
                           gpus_per_node={g.id: node_size(g, req) for g in hw.gpus})
     version = schema_version_for(doc.search.space, alternatives=True,  # deployment is a 1.2 key
-                                 distribution=doc.workload.distribution is not None)
+                                 distribution=doc.workload.distribution)
     return doc.model_copy(update={"deployment": dep, "schema_version": version})
 
 
@@ -204,7 +204,7 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
     if outcome.best is None:
         reason = _infeasible_reason(ctx, jobs)
         dist = workload_record(req, ctx.arrays)
-        return None, Infeasible(schema_version=schema_version_for(stats.space, distribution=dist is not None),
+        return None, Infeasible(schema_version=schema_version_for(stats.space, distribution=dist),
                                 model=ctx.seq.model.name,
                                 workload=Workload(context_tokens=req.context_tokens, tpot_slo_ms=req.slo_ms,
                                                   distribution=dist),

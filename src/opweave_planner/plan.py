@@ -22,7 +22,7 @@ from opweave_planner.data import profiles_root
 from opweave_planner.report import dumps
 from opweave_planner.sizing import Deployment
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 # Keys added after 1.0, with the MINOR that introduced them: a file is stamped with the lowest
 # version whose schema covers the keys it actually carries, so old readers keep reading it.
 _MINOR_KEYS = (("max_stages", 2), ("max_nodes", 2), ("gpus_per_node", 2), ("memory_headroom", 2),
@@ -60,7 +60,8 @@ class Distribution(_Frozen):
     sha256: str | None = _f("SHA-256 of the trace file", default=None)
     rows: Count | None = _f("Requests in the trace file", default=None)
     requests: Count | None = _f("Requests kept after --max-model-len", default=None)
-    clipped: Count | None = _f("Requests whose output --max-model-len clipped", default=None)
+    clipped: Count | None = _f("Requests --max-model-len shortened (output clipped, or prompt truncated)",
+                               default=None)
     dropped: Count | None = _f("Requests --max-model-len dropped", default=None)
     prompt: str | None = _f("Prompt-length law (a law)", default=None)
     output: str | None = _f("Output-length law (a law)", default=None)
@@ -69,7 +70,8 @@ class Distribution(_Frozen):
     scale_ctx: StrictInt | None = _f("--scale-ctx: target stationary mean context, tokens", default=None)
     prompt_scale: float = _f("Factor applied to prompt lengths for --scale-ctx (1: none)", gt=0)
     max_model_len: StrictInt | None = _f("Longest request admitted (prompt + output), tokens", default=None)
-    overflow: Literal["clip", "drop"] = _f("What --max-model-len did to longer requests")
+    overflow: Literal["clip", "drop", "truncate"] = _f("What --max-model-len did to longer requests "
+                                                       "(truncate: since schema 1.4)")
     theta: float = _f("Stationary mean decode context θ, tokens (what a random decode step sees)", ge=0)
     nu: float = _f("Its standard deviation ν, tokens", ge=0)
     cv: float = _f("ν / θ", ge=0)
@@ -324,12 +326,14 @@ def space_record(req) -> SpaceOut:
     return SpaceOut(**{**req.space_record(), "gpus": list(req.gpus)})
 
 
-def schema_version_for(space: SpaceOut, alternatives: bool = False, distribution: bool = False) -> str:
+def schema_version_for(space: SpaceOut, alternatives: bool = False,
+                       distribution: Distribution | None = None) -> str:
     """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction; 1.2:
     alternatives, model_source and the deployment constraints; 1.3: a workload distribution;
-    `alternatives` says a 1.2 key outside the searched space is present)."""
-    if distribution:
-        return f"{SCHEMA_MAJOR}.3"
+    1.4: its ``overflow`` "truncate"; `alternatives` says a 1.2 key outside the searched space
+    is present; `distribution` is the plan's workload distribution record, or None)."""
+    if distribution is not None:
+        return f"{SCHEMA_MAJOR}.{4 if distribution.overflow == 'truncate' else 3}"
     minor = 2 if alternatives else 1
     for key, since in _MINOR_KEYS:
         if getattr(space, key) is not None:
@@ -349,7 +353,7 @@ def with_alternatives(plan: Plan, named: dict[str, Plan]) -> Plan:
         tpot_delta_pct=_pct(p.tpot_ms, plan.tpot_ms), num_stages=p.num_stages, gpus_total=p.gpus_total,
         plan=p) for name, p in named.items()}
     return plan.model_copy(update={"alternatives": alts, "schema_version": schema_version_for(
-        plan.search.space, alternatives=True, distribution=plan.workload.distribution is not None)})
+        plan.search.space, alternatives=True, distribution=plan.workload.distribution)})
 
 
 class CriticalResource(IntEnum):
@@ -440,8 +444,7 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     prov = provenance(ctx.hw, seq, [*search.space.gpus, *(o.gpu for o in owners)], req.profiles, req.backend)
     order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(prob.stage_owner, mu, k)]
     return Plan(
-        schema_version=schema_version_for(search.space, alternatives=source is not None,
-                                          distribution=dist is not None),
+        schema_version=schema_version_for(search.space, alternatives=source is not None, distribution=dist),
         model=seq.model.name, model_source=source,
         workload=Workload(context_tokens=req.context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist),
         policy=str(req.policy.value), usd_per_million_tokens=_round(usd_per_mtok), tpot_ms=_round(ev.t_rtt / 1e3),

@@ -268,20 +268,21 @@ def entry_line(index: int, total: int, label: str, usd_per_mtok: float | None = 
 def render_profile_table(info: dict[str, Any]) -> None:
     from rich.table import Table
 
+    from opweave_planner.latency.interp import SOURCE_LEGEND, SOURCE_SHORT
+
     t = Table(title=f"{info['model']} on {info['gpu']} TP{info['tensor_parallel']} "
-                    f"@ {info['context_tokens']} tokens: latency in µs [source]")
+                    f"@ {info['context_tokens']} tokens: latency in µs \\[source]")
     t.add_column("operator (first of its kind)", no_wrap=True)
     t.add_column("x", justify="right")
     for mb in info["microbatches"]:
         t.add_column(f"b={mb}", justify="right")
-    short = {"measured": "M", "interpolated": "I", "clamped": "C", "fitted": "F", "roofline": "R"}
     for r in info["operators"]:
         t.add_row(r["operator"].removeprefix("layers."), str(r["count"]),
-                  *[f"{v:,.1f} {short[s]}" for v, s in zip(r["latency_us"], r["source"], strict=True)])
+                  *[f"{v:,.1f} {SOURCE_SHORT[s]}" for v, s in zip(r["latency_us"], r["source"], strict=True)])
     t.add_row("decode step (ms)", "", *[f"{v:.3f}" for v in info["decode_step_ms"]])
     con = _console()
     con.print(t)
-    con.print("sources: M measured, I interpolated, C clamped at a table edge, F fitted roofline, R default roofline")
+    con.print(f"sources: {SOURCE_LEGEND}")
     if info["not_measured_kinds"]:
         con.print(f"not (fully) measured: {', '.join(info['not_measured_kinds'])}")
 

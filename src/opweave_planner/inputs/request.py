@@ -65,8 +65,9 @@ class PlanRequest(BaseModel):
     scale_ctx: int | None = _setting("Rescale the workload's prompts so that the stationary mean decode context "
                                      "is this many tokens (32k)", cli="str")
     max_model_len: int | None = _setting("Longest request (prompt + output) the runtime admits; longer "
-                                         "workload requests are clipped or dropped (--overflow)", cli="str")
-    overflow: str = _setting("What --max-model-len does to a longer request: clip its output, or drop it",
+                                         "workload requests are clipped, dropped or truncated (--overflow)", cli="str")
+    overflow: str = _setting("What --max-model-len does to a longer request: clip its output, drop it, "
+                             "or truncate its prompt (a trace only)",
                              default="clip")
     slo_percentile: float | None = _setting("Percentile of step TPOT that must meet the SLO (with --workload; "
                                             "default 95)", cli="str")
@@ -165,9 +166,11 @@ class PlanRequest(BaseModel):
     @field_validator("overflow", mode="before")
     @classmethod
     def _overflow(cls, v: Any) -> str:
+        from opweave_planner.inputs.workload import OVERFLOWS
+
         text = str(v).strip().lower()
-        if text not in ("clip", "drop"):
-            raise UserError(f"--overflow: '{v}' unknown; expected clip or drop")
+        if text not in OVERFLOWS:
+            raise UserError(f"--overflow: '{v}' unknown; expected {' or '.join(OVERFLOWS)}")
         return text
 
     @field_validator("slo_percentile", mode="before")

@@ -39,14 +39,16 @@ from opweave_planner.errors import UserError
 from opweave_planner.inputs.units import parse_tokens
 
 __all__ = [
-    "FixedContextSpec", "LawSpec", "LengthLaw", "Trace", "TraceSpec", "Workload",
-    "WorkloadSpec", "apply_max_model_len", "kv_bytes", "kv_moments", "kv_quantile",
+    "OVERFLOWS", "FixedContextSpec", "LawSpec", "LengthLaw", "Trace", "TraceSpec", "Workload",
+    "WorkloadSpec", "apply_max_model_len", "fit_requests", "kv_bytes", "kv_moments", "kv_quantile",
     "kv_sum_bounds", "kv_sum_quantile", "materialize", "parse_law", "parse_percentile",
     "parse_quantile", "parse_tokens", "read_trace", "scaled_law", "scenarios",
     "stationary_moments", "step_percentile", "trace_workload", "workload_spec",
 ]
 
-Overflow = Literal["clip", "drop"]
+Overflow = Literal["clip", "drop", "truncate"]
+#: what --max-model-len may do to a longer request (truncate: traces only, see fit_requests)
+OVERFLOWS: tuple[str, ...] = ("clip", "drop", "truncate")
 Dist = Literal["fixed", "geometric", "lognormal"]
 
 #: probability mass of an unbounded law beyond which its support is cut (mass moved onto the cut)
@@ -309,8 +311,8 @@ def workload_spec(
         if scale_ctx is not None or max_model_len is not None:
             raise UserError("--scale-ctx / --max-model-len: only apply to --workload")
         return FixedContextSpec(context=parse_tokens(ctx, "--ctx"))
-    if overflow not in ("clip", "drop"):
-        raise UserError(f"--overflow: {overflow!r}; expected clip or drop")
+    if overflow not in OVERFLOWS:
+        raise UserError(f"--overflow: {overflow!r}; expected {' or '.join(OVERFLOWS)}")
     shaped = {
         "scale_ctx": None if scale_ctx is None else parse_tokens(scale_ctx, "--scale-ctx"),
         "max_model_len": None
@@ -324,20 +326,25 @@ def workload_spec(
     path = Path(text).expanduser()
     if path.is_file():
         if path.suffix.lower() == ".toml":
-            prompt, output = _law_toml(path, field)
-            spec = LawSpec(prompt=prompt, output=output, **shaped)
+            spec = _law_spec(*_law_toml(path, field), shaped)
         else:
             tr = _read_once(path)
             spec = TraceSpec(path=tr.path, format=tr.format, sha256=tr.sha256, rows=tr.rows,
                              **shaped)
     elif ":" in text and not any(text.lower().endswith(e) for e in (".csv", ".jsonl", ".toml")):
-        prompt, output = parse_law(text, field)
-        spec = LawSpec(prompt=prompt, output=output, **shaped)
+        spec = _law_spec(*parse_law(text, field), shaped)
     else:
         raise UserError(f"{field} {text}: no such file (and not an inline law such as "
                         "lognormal:mean=12k,cv=1.2;out=geometric:mean=300)")
     materialize(spec)  # every shaping error (unreachable --scale-ctx, nothing fits) here
     return spec
+
+
+def _law_spec(prompt: LengthLaw, output: LengthLaw, shaped: dict) -> LawSpec:
+    if shaped["overflow"] == "truncate":
+        # truncation ties the served prompt to the output; the law path convolves independent ones
+        raise UserError("--overflow truncate: applies to a request trace; a length law takes clip or drop")
+    return LawSpec(prompt=prompt, output=output, **shaped)
 
 
 # --------------------------------------------------------------------------- trace reading
@@ -617,27 +624,42 @@ def _read_trace_checked(path: str, sha256: str) -> Trace:
 # --------------------------------------------------------------------------- shaping
 
 
-def apply_max_model_len(
-    prompt: np.ndarray, output: np.ndarray, max_model_len: int | None, overflow: str = "clip"
-) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Requests with ``prompt + output > max_model_len`` do not fit.
+def fit_requests(
+    prompt: np.ndarray, output: np.ndarray, max_model_len: int, overflow: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What a runtime serves of each request under ``prompt + output <= max_model_len``.
 
     ``clip``: the output is cut to ``max_model_len - prompt`` (a runtime stops the request at
     the length limit); a prompt that leaves no room for one output token is dropped.
-    ``drop``: every request that does not fit is dropped. Returns (prompt, output, clipped,
-    dropped).
+    ``drop``: every request that does not fit is dropped.
+    ``truncate``: the prompt keeps its last ``max_model_len - output`` tokens (a chat
+    frontend drops the oldest history so that the answer fits; vLLM's
+    ``truncate_prompt_tokens``); an output that alone reaches the limit is cut to
+    ``max_model_len - 1`` behind a one-token prompt. Nothing is dropped.
+    Returns (prompt, output, keep, changed) over all requests: the served lengths (read them
+    at ``keep``) and which kept requests were shortened.
     """
-    if max_model_len is None:
-        return prompt, output, 0, 0
     over = prompt + output > max_model_len
     if overflow == "drop":
-        keep = ~over
-        return prompt[keep], output[keep], 0, int(over.sum())
-    no_room = prompt >= max_model_len
-    keep = ~no_room
-    clipped = int((over & keep).sum())
-    out = np.where(over, max_model_len - prompt, output)[keep]
-    return prompt[keep], out, clipped, int(no_room.sum())
+        return prompt, output, ~over, np.zeros_like(over)
+    if overflow == "truncate":
+        out = np.minimum(output, max_model_len - 1)
+        return np.minimum(prompt, max_model_len - out), out, np.ones_like(over), over
+    keep = prompt < max_model_len
+    return prompt, np.where(over, max_model_len - prompt, output), keep, over & keep
+
+
+def apply_max_model_len(
+    prompt: np.ndarray, output: np.ndarray, max_model_len: int | None, overflow: str = "clip"
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Requests with ``prompt + output > max_model_len`` do not fit: :func:`fit_requests`
+    says what is served. Returns (prompt, output, clipped, dropped): the kept requests,
+    how many of them were shortened (``clipped``: output cut, or prompt truncated) and
+    how many were dropped."""
+    if max_model_len is None:
+        return prompt, output, 0, 0
+    p, o, keep, changed = fit_requests(prompt, output, max_model_len, overflow)
+    return p[keep], o[keep], int(changed.sum()), int(keep.size - keep.sum())
 
 
 def stationary_moments(
@@ -849,13 +871,8 @@ def _shape_trace(tr_p, tr_o, spec) -> tuple[np.ndarray, np.ndarray, int, int, fl
             p = _scaled(up, s)
             p2, o2, w = p, uo, cnt
             if L is not None:
-                if ov == "drop":
-                    keep = p + uo <= L
-                    p2, o2 = p[keep], uo[keep]
-                else:
-                    keep = p < L
-                    p2, o2 = p[keep], np.minimum(uo, L - p)[keep]
-                w = cnt[keep]
+                p2, o2, keep, _ = fit_requests(p, uo, L, ov)
+                p2, o2, w = p2[keep], o2[keep], cnt[keep]
             if w.size == 0:
                 return math.inf
             return stationary_moments(p2, o2, w)[0]
