@@ -74,7 +74,7 @@ def test_trace_drives_the_workload(tmp_path):
         (["simulate", "--r", "1.5"], "--r: expected comma-separated positive integers"),
         (["ratio", "--batch", "0"], "--batch"),
         (["ratio", "--alpha-a", "-1"], "alpha_a"),
-        (["ratio", "--decode-dist", "zipf"], "length distribution"),
+        (["ratio", "--decode-dist", "zipf"], "--decode-dist: expected geometric or fixed"),
         (["simulate", "--mc", "--trials", "0"], "--trials"),
     ],
 )

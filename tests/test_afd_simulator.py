@@ -98,7 +98,7 @@ def test_monte_carlo_barrier_overhead_matches_the_clt_within_half_a_point():
     [
         ({"r": 0}, "r: expected an integer >= 1"),
         ({"requests_per_instance": 10}, "requests per instance: expected an integer >= 64"),
-        ({"start": "warm"}, "start state"),
+        ({"start": "warm"}, "--start: expected stationary or cold"),
         ({"batches_in_flight": 0}, "batches in flight"),
     ],
 )

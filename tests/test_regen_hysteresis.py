@@ -107,7 +107,7 @@ def test_keep_within_hysteresis_writes_the_reevaluated_placement(base, tmp_path)
     assert kept == again.plan and again.meets_slo and again.fits_memory
     pct = premium_pct(kept.usd_per_million_tokens, best.usd_per_million_tokens)
     assert 0 < pct <= 5 and f.premium_pct == pct
-    assert f.note == f"kept: new optimum {pct:.2f} % cheaper"
+    assert f.note == f"kept: previous placement costs {pct:.2f} % more than the new optimum (<= 5 %)"
     assert kept.provenance == best.provenance and kept.search.space == best.search.space
     # every other entry holds exactly its new optimum
     assert {n: b for n, b in after.items() if n not in KEPT_AT_2} == \
@@ -123,7 +123,8 @@ def test_replace_beyond_hysteresis_writes_the_new_optimum(base, tmp_path):
     regen(matrix, fresh)
     f = by_name(report)[QWEN_OPWEAVE]
     assert not f.kept and f.kind == "topology" and f.premium_pct > 5
-    assert f.note == f"replaced: new optimum {f.premium_pct:.2f} % cheaper than the previous placement (> 5 %)"
+    assert f.note == (f"replaced: previous placement costs {f.premium_pct:.2f} % more than the new optimum "
+                      "(> 5 %)")
     assert files(tmp_path / "plans")[QWEN_OPWEAVE] == files(fresh)[QWEN_OPWEAVE]
     # a wider band keeps it
     matrix2 = workspace(base, tmp_path / "wide", 2.1)
@@ -278,7 +279,7 @@ def test_cli_hysteresis_json_and_parallel_bytes(base, tmp_path):
     assert res.returncode == 1, res.stderr
     d = orjson.loads(res.stdout)
     assert d["kept"] == KEPT_AT_2 and d["hysteresis_pct"] == 5.0
-    assert "kept: new optimum" in res.stderr  # the per-entry progress line says so
+    assert "kept: previous placement costs" in res.stderr  # the per-entry progress line says so
     serial = workspace(base, tmp_path / "serial", 2.0)
     regen(serial, tmp_path / "serial" / "plans", hysteresis="5%")
     assert files(tmp_path / "plans") == files(tmp_path / "serial" / "plans")  # --jobs 2: same bytes

@@ -162,6 +162,9 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
     nets = list(networks) if networks else [(None, None)]
     # with a workload, each context is the stationary mean the trace is rescaled to (--scale-ctx)
     traffic = settings.get("workload") is not None
+    if traffic and settings.get("scale_ctx") is not None:
+        raise UserError("--scale-ctx: with --workload, compare rescales the trace to each context of --ctx; "
+                        "give the targets there")
 
     def at(ctx) -> dict[str, Any]:
         return {"ctx": None, "scale_ctx": int(ctx)} if traffic else {"ctx": int(ctx)}

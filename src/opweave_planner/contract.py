@@ -321,7 +321,8 @@ class Evaluation:
             "meets_slo": self.meets_slo,
             "fits_memory": self.fits_memory,
             "gpus_total": p.gpus_total,
-            "previous": {"usd_per_million_tokens": old.usd_per_million_tokens, "tpot_ms": old.tpot_ms},
+            "previous": {"usd_per_million_tokens": old.usd_per_million_tokens, "tpot_ms": old.tpot_ms,
+                         "tpot": None if old.tpot is None else old.tpot.model_dump()},
             "owners": [
                 {"index": o.index, "gpu": o.gpu, "tensor_parallel": o.tensor_parallel, "replicas": o.replicas,
                  "usd_per_hour_per_replica": o.usd_per_hour_per_replica, "busy_fraction": o.busy_fraction,
@@ -525,6 +526,35 @@ def _request(p: Plan | Infeasible) -> dict[str, Any]:
     return {"model": p.model, "policy": p.policy, "workload": p.workload.model_dump()}
 
 
+#: request keys a diff names, in this order (the workload's by their flag spelling)
+_REQUEST_WORDS = (("model", "model"), ("policy", "policy"), ("workload.tpot_slo_ms", "SLO ms"),
+                  ("workload.context_tokens", "ctx"), ("workload.distribution.workload", "workload"),
+                  ("workload.distribution.sha256", "trace sha256"),
+                  ("workload.distribution.scale_ctx", "scale-ctx"),
+                  ("workload.distribution.max_model_len", "max-model-len"),
+                  ("workload.distribution.overflow", "overflow"),
+                  ("workload.distribution.slo_percentile", "slo-percentile"),
+                  ("workload.distribution.kv_quantile", "kv-quantile"),
+                  ("workload.distribution.scenarios", "scenarios"), ("workload.distribution.seed", "seed"))
+
+
+def _at(doc: dict[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
+def _request_words(ro: dict[str, Any], rn: dict[str, Any]) -> str:
+    """'request: SLO ms 60 -> 30, seed 0 -> 1': the request settings that differ, old -> new
+    (a setting one side does not have reads 'none'; derived workload figures are left out)."""
+    def show(x: Any) -> str:
+        return "none" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
+
+    parts = [f"{word} {show(_at(ro, key))} -> {show(_at(rn, key))}"
+             for key, word in _REQUEST_WORDS if _at(ro, key) != _at(rn, key)]
+    return "request: " + (", ".join(parts) if parts else "the workload's derived figures differ")
+
+
 def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]:
     """What changed between two plan files; `equivalent` is False when the plan changed."""
     changes: list[dict[str, Any]] = []
@@ -534,9 +564,7 @@ def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]
 
     if _request(old) != _request(new):
         ro, rn = _request(old), _request(new)
-        add("request", ro, rn, f"request: {ro['model']} {ro['policy']} ctx {ro['workload']['context_tokens']} "
-            f"SLO {ro['workload']['tpot_slo_ms']:g} ms -> {rn['model']} {rn['policy']} ctx "
-            f"{rn['workload']['context_tokens']} SLO {rn['workload']['tpot_slo_ms']:g} ms")
+        add("request", ro, rn, _request_words(ro, rn))
     notes: list[str] = []
     fo, fn = isinstance(old, Plan), isinstance(new, Plan)
     if not (fo and fn):
@@ -564,7 +592,8 @@ def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]
     po, pn = old.provenance.prices_usd_per_gpu_hour, new.provenance.prices_usd_per_gpu_hour
     for gid in sorted(set(po) | set(pn)):
         if po.get(gid) != pn.get(gid):
-            notes.append(f"price of {gid}: {po.get(gid)} -> {pn.get(gid)} USD per GPU-hour")
+            a, b = (f"{x:g}" if x is not None else "not recorded" for x in (po.get(gid), pn.get(gid)))
+            notes.append(f"price of {gid}: {a} -> {b} USD per GPU-hour")
     if old.metrics != new.metrics and not changes:
         notes.append("metrics differ")
     if old.search != new.search:

@@ -156,8 +156,8 @@ class EntryResult:
     note: str = ""
 
 
-def _cheaper(pct: float) -> str:
-    return f"new optimum {pct:.2f} % cheaper"
+def _premium(pct: float) -> str:
+    return f"previous placement costs {pct:.2f} % more than the new optimum"
 
 
 def run_job(job: RegenJob) -> EntryResult:
@@ -203,9 +203,9 @@ def run_job(job: RegenJob) -> EntryResult:
     if why:
         return EntryResult(optimum, note=f"replaced: {why}")
     if within_hysteresis(again.usd_per_million_tokens, plan.usd_per_million_tokens, job.hysteresis):
-        return EntryResult(plan_bytes(again), kept=True, premium_pct=pct, note=f"kept: {_cheaper(pct)}")
-    return EntryResult(optimum, premium_pct=pct, note=f"replaced: {_cheaper(pct)} than the previous placement "
-                                                      f"(> {job.hysteresis:g} %)")
+        note = f"kept: {_premium(pct)} (<= {job.hysteresis:g} %)"
+        return EntryResult(plan_bytes(again), kept=True, premium_pct=pct, note=note)
+    return EntryResult(optimum, premium_pct=pct, note=f"replaced: {_premium(pct)} (> {job.hysteresis:g} %)")
 
 
 # ----------------------------------------------------------------------------- matrix

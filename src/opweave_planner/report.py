@@ -97,14 +97,15 @@ def render_inspect(info: dict[str, Any]) -> None:
 
 
 def render_gpus(hw) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title="GPU catalog in effect")
-    for col in ("id", "name", "memory GB", "bandwidth GB/s", "BF16 TFLOPS", "USD/GPU-h", "GPUs/node"):
+    for col in ("id", "name", "memory GiB", "bandwidth GB/s", "BF16 TFLOPS", "USD/GPU-h", "GPUs/node"):
         t.add_column(col)
-    for g in hw.gpus:
-        t.add_row(g.id, g.name, f"{g.memory_gb:g}", f"{g.bandwidth_gbps:,g}", f"{g.bf16_tflops:,g}",
-                  f"{g.price_per_hour:.2f}", str(g.gpus_per_node))
+    for g in hw.gpus:  # ids and names come from user catalogs: no rich markup in them
+        t.add_row(escape(g.id), escape(g.name), f"{g.memory_gb:.4g}", f"{g.bandwidth_gbps:,g}",
+                  f"{g.bf16_tflops:,g}", f"{g.price_per_hour:.2f}", str(g.gpus_per_node))
     con = _console()
     con.print(t)
     n = hw.network
@@ -279,7 +280,7 @@ def render_profile_table(info: dict[str, Any]) -> None:
     for r in info["operators"]:
         t.add_row(r["operator"].removeprefix("layers."), str(r["count"]),
                   *[f"{v:,.1f} {SOURCE_SHORT[s]}" for v, s in zip(r["latency_us"], r["source"], strict=True)])
-    t.add_row("decode step (ms)", "", *[f"{v:.3f}" for v in info["decode_step_ms"]])
+    t.add_row("decode step (ms)", "", *[f"{v:,.3f}" for v in info["decode_step_ms"]])
     con = _console()
     con.print(t)
     con.print(f"sources: {SOURCE_LEGEND}")

@@ -273,7 +273,7 @@ def simulate_bundle(
     check_bundle_work([r], batch, k, n, workload.mean_decode)
     seed = check_seed(seed)
     if start not in ("stationary", "cold"):
-        raise UserError(f"start state: expected 'stationary' or 'cold', got {start!r}")
+        raise UserError(f"--start: expected stationary or cold, got {start!r}")
     if not 0 < stable_fraction <= 1:
         raise UserError(f"stable fraction: expected a number in (0, 1], got {stable_fraction}")
     rng = np.random.default_rng(seed)

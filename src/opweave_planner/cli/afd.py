@@ -204,6 +204,8 @@ def _setup(
         laws = []
         for flag, kind, mean in (("--prompt-mean", prompt_dist, prompt_mean),
                                  ("--decode-mean", decode_dist, decode_mean)):
+            if kind not in ("geometric", "fixed"):
+                raise UserError(f"{flag.replace('-mean', '-dist')}: expected geometric or fixed, got {kind!r}")
             try:
                 laws.append(LengthDist(kind, mean))
             except UserError as exc:

@@ -104,8 +104,8 @@ def render_compare(result: dict[str, Any], console=None) -> None:
         con.print(f"… {len(infeasible) - 8} more infeasible cells (see --json)")
 
 
-def plot_compare(result: dict[str, Any], path: str) -> None:
-    """Grouped bars of USD per million tokens per policy and cell (needs matplotlib)."""
+def _pyplot():
+    """matplotlib.pyplot on the file backend, or the one-line error that --plot needs it."""
     from opweave_planner.errors import UserError
 
     try:
@@ -116,6 +116,12 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
     except ImportError:
         raise UserError("--plot needs matplotlib, which is not installed; pip install matplotlib "
                         "(or drop --plot)") from None
+    return plt
+
+
+def plot_compare(result: dict[str, Any], path: str) -> None:
+    """Grouped bars of USD per million tokens per policy and cell (needs matplotlib)."""
+    plt = _pyplot()
     pols = result["policies"]
     cells = result["cells"]
     sweep = len(result["networks"]) > 1
@@ -159,7 +165,8 @@ SWEPT = ("model", "slo", "ctx", "gpus", "policy", "network_bandwidth", "network_
 @with_settings(all_settings(exclude=SWEPT))
 def compare_cmd(
     model: str = typer.Option(..., "--model", "-m", help="Bundled model name or a Hugging Face config.json"),
-    context: str = typer.Option("8k,32k,128k", "--ctx", help="Context lengths, comma-separated: 8k,32k,128k"),
+    context: str = typer.Option(None, "--ctx", help="Context lengths, comma-separated (default 8k,32k,128k); "
+                                                   "with --workload, the --scale-ctx targets"),
     slo: str = typer.Option("25ms,60ms", "--slo", help="TPOT SLOs with units, comma-separated: 25ms,60ms"),
     gpus: str = typer.Option(None, "--gpus", help="GPU types: h100, h100,l40s or h100,a100 (several types also "
                                                   "compares against homogeneous opweave); default: every profiled type"),
@@ -182,7 +189,18 @@ def compare_cmd(
 
     if jobs < 1:
         raise UserError("--jobs: expected a positive integer")
+    if plot:
+        _pyplot()  # before the searches, not after them
     from opweave_planner import compare as cmp
+
+    settings = {k: v for k, v in (settings or {}).items() if v is not None}
+    if settings.get("workload") is not None and "scale_ctx" in settings:
+        # with a workload each compared context is a --scale-ctx target: one flag, not two
+        if context is not None:
+            raise UserError("--scale-ctx / --ctx: with --workload, compare rescales the trace to each --ctx "
+                            "value; give the targets as --ctx only")
+        context = str(settings.pop("scale_ctx"))
+    context = "8k,32k,128k" if context is None else context
 
     lat: list[float] = []
     # a unit written once at the end ("1,2,4GBps") applies to every item
@@ -208,7 +226,7 @@ def compare_cmd(
             print(msg, file=sys.stderr, flush=True)
 
     result = cmp.compare(model, context, slo, gpus=gpus, policies=policies, networks=nets, jobs=jobs, ray_address=ray,
-                         progress=progress, **{k: v for k, v in settings.items() if v is not None})
+                         progress=progress, **settings)
     if plot:
         plot_compare(result, plot)
     if as_json:

@@ -74,15 +74,34 @@ def simulate_cmd(
               f"{info['gpus_total']} GPUs")
         print(f"  cost: {old['usd_per_million_tokens']:.6g} -> {new['usd_per_million_tokens']:.6g} USD per million "
               f"tokens{pct(old['usd_per_million_tokens'], new['usd_per_million_tokens'])}")
-        label = f"p{new['tpot']['percentile']:g} TPOT" if new.get("tpot") else "TPOT"
-        print(f"  {label}: {old['tpot_ms']:.6g} -> {new['tpot_ms']:.6g} ms{pct(old['tpot_ms'], new['tpot_ms'])}")
+        def basis(d: dict) -> str:  # what tpot_ms is: a percentile of step TPOT, or the steady state
+            return f"p{d['tpot']['percentile']:g}" if d.get("tpot") else "steady state"
+
+        a, b = old["tpot_ms"], new["tpot_ms"]
+        if basis(old) == basis(new):
+            label = "TPOT" if not new.get("tpot") else f"{basis(new)} TPOT"
+            print(f"  {label}: {a:.6g} -> {b:.6g} ms{pct(a, b)}")
+        else:
+            print(f"  TPOT: {a:.6g} ms ({basis(old)}) -> {b:.6g} ms ({basis(new)}){pct(a, b)}")
         print(f"  meets SLO: {'yes' if info['meets_slo'] else 'NO'}; fits memory: "
               f"{'yes' if info['fits_memory'] else 'NO'}")
         for o in info["owners"]:
             print(f"  owner {o['index']}: {o['replicas']}x {o['gpu']} TP{o['tensor_parallel']}, "
                   f"{o['usd_per_hour_per_replica']:.4g} USD/h per replica, memory "
                   f"{o['memory_bytes_per_gpu'] / 2**30:.2f} of {o['usable_memory_bytes_per_gpu'] / 2**30:.2f} GiB per GPU")
-        print(f"  inputs changed: {', '.join(info['inputs_changed']) or 'none'}")
+        changed = ", ".join(info["inputs_changed"])
+        if not changed and (old["usd_per_million_tokens"], old["tpot_ms"]) != (new["usd_per_million_tokens"],
+                                                                               new["tpot_ms"]):
+            changed = ("none recorded; the figures differ, so the file was written by another latency model "
+                       "than this opweave-planner's (or edited)")
+        print(f"  inputs changed: {changed or 'none'}")
+        from opweave_planner.cli.run_plan import unmeasured
+        from opweave_planner.report import data_quality_warning
+
+        gpus = [o["gpu"] for o in info["owners"]]
+        warn = data_quality_warning(gpus, unmeasured(settings.get("profiles"), gpus))
+        if warn:
+            print(warn, file=sys.stderr)
     if not (ev.meets_slo and ev.fits_memory):
         raise typer.Exit(1)
 

@@ -17,7 +17,7 @@ def export_cmd(
                                         help="Runtime release the files are for (default: the newest pinned)"),
     alternative: str = typer.Option(None, "--alternative",
                                     help="Export the plan file's alternative of this class instead "
-                                         "(colocated, two_stage, single_gpu_type)"),
+                                         "(colocated, two_owner, single_gpu_type, optimum)"),
     model_id: str = typer.Option(None, "--model-id",
                                  help="Hugging Face repo or weights path to serve (default: the bundled "
                                       "model's repo)"),

@@ -14,13 +14,17 @@ def _estimated(req) -> list[str]:
     return [g for g in req.gpus if hw.resolve(g).price_estimated]
 
 
-def _unmeasured(req) -> list[str]:
-    """Chosen GPU types with no measured latency tables (their figures are all fitted)."""
+def unmeasured(profiles: str | None, gpus) -> list[str]:
+    """GPU types with no measured latency tables in `profiles` (their figures are all fitted)."""
     from opweave_planner.data import profiles_root
     from opweave_planner.latency.tables import available_gpus
 
-    have = set(available_gpus(profiles_root(req.profiles)))
-    return [g for g in req.gpus if g not in have]
+    have = set(available_gpus(profiles_root(profiles)))
+    return [g for g in gpus if g not in have]
+
+
+def _unmeasured(req) -> list[str]:
+    return unmeasured(req.profiles, req.gpus)
 
 
 def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:

@@ -102,6 +102,14 @@ def _labels(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _replan_advice(alt: str) -> str:
+    if alt == "optimum":  # only a --prefer-simpler plan keeps the optimum beside it
+        return "the plan is the optimum itself unless it was made with --prefer-simpler"
+    if alt == "colocated":
+        return "re-plan with --policy colocated"
+    return "re-plan it with this opweave-planner (an opweave plan lists its alternatives)"
+
+
 def build(plan_path: str, target: str, *, runtime_version: str | None = None, alternative: str | None = None,
           model_id: str | None = None, model: str | None = None, node_labels: tuple[str, ...] = (),
           image: str | None = None, catalog: str | None = None) -> tuple[Context, dict[str, bytes]]:
@@ -122,11 +130,11 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
         entry = alternatives(raw).get(alt)
         if entry is None:
             raise UserError(f"--alternative: {plan_path} has no '{alt}' alternative (plan files list "
-                            f"alternatives from schema 1.2); re-plan with --policy colocated")
+                            f"alternatives from schema 1.2); {_replan_advice(alt)}")
         alt_doc = alternative_plan(entry, raw)
         if alt_doc is None:
             raise UserError(f"--alternative: {plan_path}'s '{alt}' alternative carries no plan to export; "
-                            f"re-plan with --policy colocated")
+                            f"{_replan_advice(alt)}")
         plan = parse_plan(alt_doc, f"{plan_path} alternatives.{alt}")
     try:
         spec = load_model(model or plan.model)
@@ -134,6 +142,8 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
         if model is not None or target == "vllm-afd":
             raise
         spec = None
+    if model is not None and spec is not None and spec.name != plan.model:
+        raise UserError(f"--model: {model} is '{spec.name}', but {plan_path} is a plan for '{plan.model}'")
     mid = model_id or hf_repo(plan.model)
     if not mid:
         raise UserError(f"--model-id: model '{plan.model}' is not bundled; pass the Hugging Face repo "
