@@ -107,3 +107,53 @@ def test_export_refuses_a_model_other_than_the_plans(plans, tmp_path):
     assert not (tmp_path / "x").exists()
     ran = run_cli("export", plans["h100"], "--to", "vllm", "--out", tmp_path / "y", "--alternative", "optimum")
     assert "--policy colocated" not in assert_one_line_error(ran, 2, "--alternative", "--prefer-simpler")
+
+
+def test_diff_names_an_edited_law_file(tmp_path):
+    law = tmp_path / "law.toml"
+    law.write_text('[prompt]\ndist = "lognormal"\nmean = 1000\ncv = 1.0\n[output]\ndist = "geometric"\nmean = 100\n')
+    old = _write(tmp_path, "old.json", workload=str(law), gpus="h100")
+    law.write_text('[prompt]\ndist = "lognormal"\nmean = 2000\ncv = 1.0\n[output]\ndist = "geometric"\nmean = 100\n')
+    new = _write(tmp_path, "new.json", workload=str(law), gpus="h100")
+    ran = run_cli("diff", old, new)
+    assert "request: prompt law lognormal:mean=1000,cv=1 -> lognormal:mean=2000,cv=1\n" in ran.out
+
+
+def test_simulate_keeps_the_shaping_of_the_same_trace_at_another_path(tmp_path):
+    import shutil
+
+    plan = _write(tmp_path, "t.json", workload=str(AZURE), gpus="h100", max_model_len="2k", overflow="truncate")
+    moved = tmp_path / "elsewhere.csv"
+    shutil.copy(AZURE, moved)
+    ran = run_cli("simulate", plan, "--workload", moved)
+    assert ran.code == 0, ran.err
+    assert "cost: " in ran.out and "(+0.00%)" in ran.out.splitlines()[1]
+    other = tmp_path / "other.csv"  # another trace: its own shaping (the model's window, clip)
+    other.write_text("prompt_tokens,output_tokens\n" + "3000,200\n" * 50)
+    assert "(+0.00%)" not in run_cli("simulate", plan, "--workload", other).out.splitlines()[1]
+
+
+def test_a_truncate_plan_stamped_below_1_4_is_refused(tmp_path):
+    import json
+
+    doc = json.loads((GOLDEN / "llama-3.1-8b_opweave_azure-truncate2k_h100+a100_v1.4.json").read_text())
+    doc["schema_version"] = "1.3"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert_one_line_error(run_cli("simulate", bad), 2, "overflow 'truncate' needs schema_version 1.4")
+
+
+def test_export_accepts_a_renamed_copy_of_the_plans_config(tmp_path):
+    import shutil
+
+    from opweave_planner.data import shipped_dir
+
+    src = next(p for p in (shipped_dir("models")).glob("*.json") if "llama-3.1-8b" in p.name)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.copy(src, tmp_path / "a" / "my-llama.json")
+    shutil.copy(src, tmp_path / "b" / "config.json")
+    plan = _write(tmp_path, "p.json", model=str(tmp_path / "a" / "my-llama.json"), ctx="8k", gpus="h100")
+    ran = run_cli("export", plan, "--to", "vllm", "--out", tmp_path / "x", "--model", tmp_path / "b" / "config.json",
+                  "--model-id", "meta-llama/Llama-3.1-8B-Instruct")
+    assert ran.code == 0, ran.err

@@ -426,12 +426,19 @@ def test_truncate_builds_a_cohort_clipping_cannot(tmp_path):
     assert d_["requests"] == 3000 and d_["dropped"] == 0 and 0 < d_["clipped"] < 3000
     assert w.max_context <= 128 * 1024 - 1
     np.testing.assert_array_equal(w.output, d)  # outputs served whole
+    with pytest.raises(UserError, match=r"serves whole only .* of the requests"):  # the window shapes it
+        workload_spec(workload=str(path), scale_ctx="110k", max_model_len="128k", overflow="truncate")
 
 
 def test_truncate_is_refused_for_a_length_law():
     with pytest.raises(UserError, match="--overflow truncate: applies to a request trace"):
         workload_spec(workload="lognormal:mean=2k,cv=1.2;out=geometric:300", max_model_len="8k",
                       overflow="truncate")
+    with pytest.raises(UserError, match="--overflow truncate"):  # the spec itself, built in code
+        LawSpec(prompt=LengthLaw(dist="fixed", mean=10.0), output=LengthLaw(dist="fixed", mean=5.0),
+                max_model_len=12, overflow="truncate")
+    with pytest.raises(UserError, match="--overflow: 'wrap'"):
+        apply_max_model_len(np.array([5]), np.array([5]), 8, "wrap")
 
 
 def test_trace_describe_counts_what_was_kept(tmp_path):

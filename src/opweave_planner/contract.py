@@ -99,6 +99,10 @@ def parse_plan(obj: Any, where: str) -> Plan | Infeasible:
         doc = model.model_validate(obj)
     except ValidationError as exc:
         raise UserError(f"{where}: malformed plan: {_first_error(exc)}") from None
+    dist = doc.workload.distribution
+    if dist is not None and dist.overflow == "truncate" and int(doc.schema_version.split(".")[1]) < 4:
+        raise UserError(f"{where}: workload.distribution.overflow 'truncate' needs schema_version 1.4, "
+                        f"the file says {doc.schema_version}")
     if isinstance(doc, Plan):
         check_internal(doc, where)
     check_recorded_request(doc, where)
@@ -109,6 +113,7 @@ def parse_plan(obj: Any, where: str) -> Plan | Infeasible:
 _RECORDED_AT = {"--slo": "workload.tpot_slo_ms", "--ctx": "workload.context_tokens", "--policy": "policy",
                 "--workload": "workload.distribution.workload", "--scale-ctx": "workload.distribution.scale_ctx",
                 "--max-model-len": "workload.distribution.max_model_len",
+                "--overflow": "workload.distribution.overflow",
                 "--slo-percentile": "workload.distribution.slo_percentile",
                 "--kv-quantile": "workload.distribution.kv_quantile",
                 "--scenarios": "workload.distribution.scenarios", "--seed": "workload.distribution.seed",
@@ -394,9 +399,13 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
         for key in ("workload", *WORKLOAD_ONLY):
             values.pop(key, None)
     elif "workload" in given:  # another workload: its own shaping, the plan's percentile settings
+        from opweave_planner.inputs.workload import trace_sha256
+
         values.pop("ctx", None)
-        for key in ("scale_ctx", "max_model_len", "overflow"):
-            values.pop(key, None)
+        # the same trace at another path (a plan moved to another machine) keeps its shaping
+        if dist is None or dist.sha256 is None or trace_sha256(given["workload"]) != dist.sha256:
+            for key in ("scale_ctx", "max_model_len", "overflow"):
+                values.pop(key, None)
     values.update(given)
     return make_request(**values)
 
@@ -530,6 +539,7 @@ def _request(p: Plan | Infeasible) -> dict[str, Any]:
 _REQUEST_WORDS = (("model", "model"), ("policy", "policy"), ("workload.tpot_slo_ms", "SLO ms"),
                   ("workload.context_tokens", "ctx"), ("workload.distribution.workload", "workload"),
                   ("workload.distribution.sha256", "trace sha256"),
+                  ("workload.distribution.prompt", "prompt law"), ("workload.distribution.output", "output law"),
                   ("workload.distribution.scale_ctx", "scale-ctx"),
                   ("workload.distribution.max_model_len", "max-model-len"),
                   ("workload.distribution.overflow", "overflow"),
@@ -550,8 +560,11 @@ def _request_words(ro: dict[str, Any], rn: dict[str, Any]) -> str:
     def show(x: Any) -> str:
         return "none" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
 
+    # two workload plans: the context key is derived (the longest request), not a setting
+    derived = {"workload.context_tokens"} if _at(ro, "workload.distribution") and _at(rn, "workload.distribution") \
+        else set()
     parts = [f"{word} {show(_at(ro, key))} -> {show(_at(rn, key))}"
-             for key, word in _REQUEST_WORDS if _at(ro, key) != _at(rn, key)]
+             for key, word in _REQUEST_WORDS if key not in derived and _at(ro, key) != _at(rn, key)]
     return "request: " + (", ".join(parts) if parts else "the workload's derived figures differ")
 
 
@@ -592,7 +605,7 @@ def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]
     po, pn = old.provenance.prices_usd_per_gpu_hour, new.provenance.prices_usd_per_gpu_hour
     for gid in sorted(set(po) | set(pn)):
         if po.get(gid) != pn.get(gid):
-            a, b = (f"{x:g}" if x is not None else "not recorded" for x in (po.get(gid), pn.get(gid)))
+            a, b = (f"{x:.10g}" if x is not None else "not recorded" for x in (po.get(gid), pn.get(gid)))
             notes.append(f"price of {gid}: {a} -> {b} USD per GPU-hour")
     if old.metrics != new.metrics and not changes:
         notes.append("metrics differ")

@@ -157,7 +157,8 @@ class EntryResult:
 
 
 def _premium(pct: float) -> str:
-    return f"previous placement costs {pct:.2f} % more than the new optimum"
+    # negative when the new plan is not the cheapest (--prefer-simpler returns a simpler one)
+    return f"previous placement costs {abs(pct):.2f} % {'more' if pct >= 0 else 'less'} than the new optimum"
 
 
 def run_job(job: RegenJob) -> EntryResult:

@@ -142,7 +142,8 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
         if model is not None or target == "vllm-afd":
             raise
         spec = None
-    if model is not None and spec is not None and spec.name != plan.model:
+    if (model is not None and spec is not None and spec.name != plan.model
+            and spec.source_sha256 != plan.provenance.model_sha256):  # a renamed copy of the config is fine
         raise UserError(f"--model: {model} is '{spec.name}', but {plan_path} is a plan for '{plan.model}'")
     mid = model_id or hf_repo(plan.model)
     if not mid:

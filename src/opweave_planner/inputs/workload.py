@@ -33,7 +33,7 @@ from typing import Annotated, Literal
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from opweave_planner.errors import UserError
 from opweave_planner.inputs.units import parse_tokens
@@ -43,7 +43,7 @@ __all__ = [
     "WorkloadSpec", "apply_max_model_len", "fit_requests", "kv_bytes", "kv_moments", "kv_quantile",
     "kv_sum_bounds", "kv_sum_quantile", "materialize", "parse_law", "parse_percentile",
     "parse_quantile", "parse_tokens", "read_trace", "scaled_law", "scenarios",
-    "stationary_moments", "step_percentile", "trace_workload", "workload_spec",
+    "stationary_moments", "step_percentile", "trace_sha256", "trace_workload", "workload_spec",
 ]
 
 Overflow = Literal["clip", "drop", "truncate"]
@@ -188,6 +188,13 @@ class LawSpec(_Shaped):
     prompt: LengthLaw
     output: LengthLaw
 
+    @model_validator(mode="after")
+    def _no_truncate(self) -> LawSpec:
+        if self.overflow == "truncate":
+            # truncation ties the served prompt to the output; the law path convolves independent ones
+            raise UserError("--overflow truncate: applies to a request trace; a length law takes clip or drop")
+        return self
+
 
 WorkloadSpec = Annotated[FixedContextSpec | TraceSpec | LawSpec, Field(discriminator="kind")]
 
@@ -326,25 +333,20 @@ def workload_spec(
     path = Path(text).expanduser()
     if path.is_file():
         if path.suffix.lower() == ".toml":
-            spec = _law_spec(*_law_toml(path, field), shaped)
+            prompt, output = _law_toml(path, field)
+            spec = LawSpec(prompt=prompt, output=output, **shaped)
         else:
             tr = _read_once(path)
             spec = TraceSpec(path=tr.path, format=tr.format, sha256=tr.sha256, rows=tr.rows,
                              **shaped)
     elif ":" in text and not any(text.lower().endswith(e) for e in (".csv", ".jsonl", ".toml")):
-        spec = _law_spec(*parse_law(text, field), shaped)
+        prompt, output = parse_law(text, field)
+        spec = LawSpec(prompt=prompt, output=output, **shaped)
     else:
         raise UserError(f"{field} {text}: no such file (and not an inline law such as "
                         "lognormal:mean=12k,cv=1.2;out=geometric:mean=300)")
     materialize(spec)  # every shaping error (unreachable --scale-ctx, nothing fits) here
     return spec
-
-
-def _law_spec(prompt: LengthLaw, output: LengthLaw, shaped: dict) -> LawSpec:
-    if shaped["overflow"] == "truncate":
-        # truncation ties the served prompt to the output; the law path convolves independent ones
-        raise UserError("--overflow truncate: applies to a request trace; a length law takes clip or drop")
-    return LawSpec(prompt=prompt, output=output, **shaped)
 
 
 # --------------------------------------------------------------------------- trace reading
@@ -600,6 +602,15 @@ def file_stamp(path: str | os.PathLike | None) -> tuple[str, int, int] | None:
     return None if st is None else (resolved, st.st_mtime_ns, st.st_size)
 
 
+def trace_sha256(workload: str | os.PathLike) -> str | None:
+    """The sha256 of a trace file (read once, as a request would), None for a law or an inline
+    law: tells whether another path holds the same trace."""
+    path = Path(workload).expanduser()
+    if not path.is_file() or path.suffix.lower() == ".toml":
+        return None
+    return _read_once(path).sha256
+
+
 def _read_once(path: Path) -> Trace:
     """`read_trace` once per file version per process: a request is validated before and after
     the model's window is known, and both see the same file."""
@@ -639,6 +650,8 @@ def fit_requests(
     Returns (prompt, output, keep, changed) over all requests: the served lengths (read them
     at ``keep``) and which kept requests were shortened.
     """
+    if overflow not in OVERFLOWS:
+        raise UserError(f"--overflow: {overflow!r}; expected {' or '.join(OVERFLOWS)}")
     over = prompt + output > max_model_len
     if overflow == "drop":
         return prompt, output, ~over, np.zeros_like(over)
@@ -882,6 +895,8 @@ def _shape_trace(tr_p, tr_o, spec) -> tuple[np.ndarray, np.ndarray, int, int, fl
     p, o, clipped, dropped = apply_max_model_len(tr_p, tr_o, L, ov)
     if spec.scale_ctx is not None:
         _check_kept(1.0 - dropped / tr_p.size, spec, f"trace {spec.path}")
+        if ov == "truncate":  # nothing is dropped: the window, not the trace, would shape the cohort
+            _check_kept(1.0 - clipped / tr_p.size, spec, f"trace {spec.path}", "serves whole only")
     return p, o, clipped, dropped, scale
 
 
@@ -889,13 +904,14 @@ def _shape_trace(tr_p, tr_o, spec) -> tuple[np.ndarray, np.ndarray, int, int, fl
 MIN_KEPT_SCALED = 0.5
 
 
-def _check_kept(kept: float, spec, what: str) -> None:
+def _check_kept(kept: float, spec, what: str, verb: str = "keeps only") -> None:
     """Rescaling against a length limit can reach a target only by dropping most requests
-    (the survivors are the short ones, blown up); refuse such a degenerate cohort."""
+    (the survivors are the short ones, blown up), or with ``truncate`` by cutting most prompts
+    to the limit; refuse such a degenerate cohort."""
     if kept < MIN_KEPT_SCALED:
         raise UserError(
             f"{what}: --scale-ctx {spec.scale_ctx} under --max-model-len {spec.max_model_len} "
-            f"keeps only {100 * kept:.1f} % of the requests; raise --max-model-len or lower "
+            f"{verb} {100 * kept:.1f} % of the requests; raise --max-model-len or lower "
             "--scale-ctx"
         )
 
