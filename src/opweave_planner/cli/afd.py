@@ -57,7 +57,8 @@ Trace = Annotated[
     Path | None,
     typer.Option(
         "--trace",
-        help="CSV trace with prompt and decode columns; replaces the parametric workload.",
+        help="Request trace (Azure, BurstGPT, Vidur or prompt_tokens,output_tokens CSV, Mooncake JSONL, "
+             "or a prompt,decode CSV); replaces the parametric workload.",
     ),
 ]
 _CAL = "Calibrate the coefficients from profiles"
