@@ -143,7 +143,7 @@ WORKLOAD_OPTIONS = {
                    "nope.csv", "lognormal:mean=-1", "", "zzz:1", "fixed:mean=1k"],
     "--scale-ctx": ["2k", "1k", "0", "abc", "99999999999999999999"],
     "--max-model-len": ["16k", "8k", "1", "0", "x"],
-    "--overflow": ["clip", "drop", "wrap"],
+    "--overflow": ["clip", "drop", "truncate", "wrap"],
     "--slo-percentile": ["95", "50", "99.9", "0", "100", "abc", "nan"],
     "--kv-quantile": ["0.999", "0.5", "0", "1", "x", "nan"],
     "--scenarios": ["16", "64", "3", "0", "x"],

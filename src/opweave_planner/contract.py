@@ -23,7 +23,7 @@ import orjson
 from pydantic import ValidationError
 
 from opweave_planner.errors import UserError
-from opweave_planner.plan import SCHEMA_MAJOR, SCHEMA_VERSION, Infeasible, Plan
+from opweave_planner.plan import SCHEMA_MAJOR, SCHEMA_VERSION, Infeasible, Plan, distribution_minor
 from opweave_planner.report import dumps
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "plan.schema.json"
@@ -100,9 +100,9 @@ def parse_plan(obj: Any, where: str) -> Plan | Infeasible:
     except ValidationError as exc:
         raise UserError(f"{where}: malformed plan: {_first_error(exc)}") from None
     dist = doc.workload.distribution
-    if dist is not None and dist.overflow == "truncate" and int(doc.schema_version.split(".")[1]) < 4:
-        raise UserError(f"{where}: workload.distribution.overflow 'truncate' needs schema_version 1.4, "
-                        f"the file says {doc.schema_version}")
+    if dist is not None and int(doc.schema_version.split(".")[1]) < distribution_minor(dist):
+        raise UserError(f"{where}: workload.distribution.overflow '{dist.overflow}' needs schema_version "
+                        f"{SCHEMA_MAJOR}.{distribution_minor(dist)}, the file says {doc.schema_version}")
     if isinstance(doc, Plan):
         check_internal(doc, where)
     check_recorded_request(doc, where)
@@ -561,8 +561,8 @@ def _request_words(ro: dict[str, Any], rn: dict[str, Any]) -> str:
         return "none" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
 
     # two workload plans: the context key is derived (the longest request), not a setting
-    derived = {"workload.context_tokens"} if _at(ro, "workload.distribution") and _at(rn, "workload.distribution") \
-        else set()
+    both = _at(ro, "workload.distribution") and _at(rn, "workload.distribution")
+    derived = {"workload.context_tokens"} if both else set()
     parts = [f"{word} {show(_at(ro, key))} -> {show(_at(rn, key))}"
              for key, word in _REQUEST_WORDS if key not in derived and _at(ro, key) != _at(rn, key)]
     return "request: " + (", ".join(parts) if parts else "the workload's derived figures differ")

@@ -326,6 +326,11 @@ def space_record(req) -> SpaceOut:
     return SpaceOut(**{**req.space_record(), "gpus": list(req.gpus)})
 
 
+def distribution_minor(distribution: Distribution) -> int:
+    """The lowest 1.x that can carry this workload record (1.4: the value "truncate")."""
+    return 4 if distribution.overflow == "truncate" else 3
+
+
 def schema_version_for(space: SpaceOut, alternatives: bool = False,
                        distribution: Distribution | None = None) -> str:
     """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction; 1.2:
@@ -333,7 +338,7 @@ def schema_version_for(space: SpaceOut, alternatives: bool = False,
     1.4: its ``overflow`` "truncate"; `alternatives` says a 1.2 key outside the searched space
     is present; `distribution` is the plan's workload distribution record, or None)."""
     if distribution is not None:
-        return f"{SCHEMA_MAJOR}.{4 if distribution.overflow == 'truncate' else 3}"
+        return f"{SCHEMA_MAJOR}.{distribution_minor(distribution)}"
     minor = 2 if alternatives else 1
     for key, since in _MINOR_KEYS:
         if getattr(space, key) is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 
@@ -188,7 +188,7 @@ def _setup(
 ):
     """Validate shared options and build (coefficients, workload, calibration or None)."""
     from opweave_planner.afd.provisioning import PAPER_SECTION_52, LatencyCoefficients
-    from opweave_planner.afd.workload import LengthDist, ParametricWorkload, load_trace
+    from opweave_planner.afd.workload import DistKind, LengthDist, ParametricWorkload, load_trace
     from opweave_planner.errors import UserError
 
     if not 1 <= batch <= MAX_BATCH:
@@ -205,8 +205,9 @@ def _setup(
         laws = []
         for flag, kind, mean in (("--prompt-mean", prompt_dist, prompt_mean),
                                  ("--decode-mean", decode_dist, decode_mean)):
-            if kind not in ("geometric", "fixed"):
-                raise UserError(f"{flag.replace('-mean', '-dist')}: expected geometric or fixed, got {kind!r}")
+            if kind not in get_args(DistKind):  # name the law's own flag, not the mean's
+                raise UserError(f"{flag.replace('-mean', '-dist')}: expected {' or '.join(get_args(DistKind))}, "
+                                f"got {kind!r}")
             try:
                 laws.append(LengthDist(kind, mean))
             except UserError as exc:

@@ -23,10 +23,6 @@ def unmeasured(profiles: str | None, gpus) -> list[str]:
     return [g for g in gpus if g not in have]
 
 
-def _unmeasured(req) -> list[str]:
-    return unmeasured(req.profiles, req.gpus)
-
-
 def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     from opweave_planner import api, report
     from opweave_planner.atomic import check_writable, write_atomic
@@ -48,11 +44,10 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     elif infeasible is None and fmt == "json":
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
-    if result is not None and fmt == "table":
-        report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req), estimated_price_gpus=_estimated(req),
-                                   file=sys.stdout)
-    elif result is not None and not quiet:
-        report.render_plan_summary(result, unmeasured_gpus=_unmeasured(req), estimated_price_gpus=_estimated(req))
+    if result is not None and (fmt == "table" or not quiet):
+        report.render_plan_summary(result, unmeasured_gpus=unmeasured(req.profiles, req.gpus),
+                                   estimated_price_gpus=_estimated(req),
+                                   file=sys.stdout if fmt == "table" else None)
     if result is not None and result.deployment is not None and not quiet:
         from opweave_planner.sizing import deployment_lines
 

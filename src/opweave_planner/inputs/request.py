@@ -166,12 +166,9 @@ class PlanRequest(BaseModel):
     @field_validator("overflow", mode="before")
     @classmethod
     def _overflow(cls, v: Any) -> str:
-        from opweave_planner.inputs.workload import OVERFLOWS
+        from opweave_planner.inputs.workload import parse_overflow
 
-        text = str(v).strip().lower()
-        if text not in OVERFLOWS:
-            raise UserError(f"--overflow: '{v}' unknown; expected {' or '.join(OVERFLOWS)}")
-        return text
+        return parse_overflow(v)
 
     @field_validator("slo_percentile", mode="before")
     @classmethod

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import numpy as np
 import orjson
@@ -41,14 +41,14 @@ from opweave_planner.inputs.units import parse_tokens
 __all__ = [
     "OVERFLOWS", "FixedContextSpec", "LawSpec", "LengthLaw", "Trace", "TraceSpec", "Workload",
     "WorkloadSpec", "apply_max_model_len", "fit_requests", "kv_bytes", "kv_moments", "kv_quantile",
-    "kv_sum_bounds", "kv_sum_quantile", "materialize", "parse_law", "parse_percentile",
+    "kv_sum_bounds", "kv_sum_quantile", "materialize", "parse_law", "parse_overflow", "parse_percentile",
     "parse_quantile", "parse_tokens", "read_trace", "scaled_law", "scenarios",
     "stationary_moments", "step_percentile", "trace_sha256", "trace_workload", "workload_spec",
 ]
 
 Overflow = Literal["clip", "drop", "truncate"]
 #: what --max-model-len may do to a longer request (truncate: traces only, see fit_requests)
-OVERFLOWS: tuple[str, ...] = ("clip", "drop", "truncate")
+OVERFLOWS: tuple[str, ...] = get_args(Overflow)
 Dist = Literal["fixed", "geometric", "lognormal"]
 
 #: probability mass of an unbounded law beyond which its support is cut (mass moved onto the cut)
@@ -83,6 +83,14 @@ def parse_percentile(value: str | float, field: str = "--slo-percentile") -> flo
     if not 0.0 < x < 100.0:
         raise UserError(f"{field}: {value!r} is outside (0, 100); expected e.g. 95")
     return x
+
+
+def parse_overflow(value: str, field: str = "--overflow") -> str:
+    """One of :data:`OVERFLOWS`, case-insensitive."""
+    text = str(value).strip().lower()
+    if text not in OVERFLOWS:
+        raise UserError(f"{field}: {value!r} unknown; expected {' or '.join(OVERFLOWS)}")
+    return text
 
 
 def parse_quantile(value: str | float, field: str = "--kv-quantile") -> float:
@@ -318,8 +326,7 @@ def workload_spec(
         if scale_ctx is not None or max_model_len is not None:
             raise UserError("--scale-ctx / --max-model-len: only apply to --workload")
         return FixedContextSpec(context=parse_tokens(ctx, "--ctx"))
-    if overflow not in OVERFLOWS:
-        raise UserError(f"--overflow: {overflow!r}; expected {' or '.join(OVERFLOWS)}")
+    overflow = parse_overflow(overflow)
     shaped = {
         "scale_ctx": None if scale_ctx is None else parse_tokens(scale_ctx, "--scale-ctx"),
         "max_model_len": None
@@ -644,14 +651,14 @@ def fit_requests(
     the length limit); a prompt that leaves no room for one output token is dropped.
     ``drop``: every request that does not fit is dropped.
     ``truncate``: the prompt keeps its last ``max_model_len - output`` tokens (a chat
-    frontend drops the oldest history so that the answer fits; vLLM's
-    ``truncate_prompt_tokens``); an output that alone reaches the limit is cut to
-    ``max_model_len - 1`` behind a one-token prompt. Nothing is dropped.
+    frontend drops the oldest history so that the answer fits; it assumes the answer's
+    length known, where a real frontend reserves a fixed budget); an output that alone
+    reaches the limit is cut to ``max_model_len - 1`` behind a one-token prompt. Nothing
+    is dropped.
     Returns (prompt, output, keep, changed) over all requests: the served lengths (read them
     at ``keep``) and which kept requests were shortened.
     """
-    if overflow not in OVERFLOWS:
-        raise UserError(f"--overflow: {overflow!r}; expected {' or '.join(OVERFLOWS)}")
+    parse_overflow(overflow)
     over = prompt + output > max_model_len
     if overflow == "drop":
         return prompt, output, ~over, np.zeros_like(over)
