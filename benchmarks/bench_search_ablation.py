@@ -49,7 +49,7 @@ def run_variant(gpus: str, pareto: bool, bnb: bool, space: dict, jobs: int):
     best = outcome.best
     plan = None
     if best:
-        plan, _ev = build_plan(ctx, best.template, best.selection, search_stats(req, outcome),
+        plan, _ev = build_plan(ctx, best.template, best.selection, search_stats(req, ctx.hw, outcome),
                                scored_t_rtt_us=best.t_rtt_us)
     return outcome, plan, t_ctx, t_search
 

@@ -4,7 +4,8 @@ Goldens of the current schema versions must re-plan exactly: any change of a fig
 or a rounding fails here, and a deliberate change regenerates them in a commit that says why.
 A file is stamped with the lowest version covering its keys, so today's planner writes 1.2
 (a fixed context), 1.3 (a workload distribution) and 1.4 (a trace whose prompts were
-truncated to --max-model-len) files; all three kinds are re-planned. A
+truncated to --max-model-len) and 1.5 (GPU types searched with different runtime reserves, from a
+catalog) files; all four kinds are re-planned. A
 workload golden records its trace by absolute path: it is re-planned from the shipped example
 trace (same sha256) and compared with that one path put back.
 Goldens of older 1.x versions stay as read-compatibility fixtures (tests/test_contract.py):
@@ -43,7 +44,9 @@ def _strip(obj: dict, minor: int) -> dict:
     return obj
 
 
-CURRENT = ("1.2", "1.3", SCHEMA_VERSION)  # what the planner writes today
+CURRENT = ("1.2", "1.3", "1.4", SCHEMA_VERSION)  # what the planner writes today
+# goldens made with a --catalog (plans record its hash, not its path): re-planned with it
+CATALOGS = {"llama-3.1-8b_afd_h100+a100-reserve5_v1.5.json": GOLDEN / "catalog-reserve.toml"}
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 
 
@@ -63,7 +66,9 @@ def test_golden_replans_to_the_same_bytes(path: Path):
     golden = read_plan(path)
     dist = golden.workload.distribution
     trace = None if dist is None else str(EXAMPLES / Path(dist.workload).name)
-    req = recorded_request(golden, workload=trace)  # the same trace elsewhere keeps its recorded shaping
+    catalog = CATALOGS.get(path.name)
+    # the same trace elsewhere keeps its recorded shaping
+    req = recorded_request(golden, workload=trace, catalog=None if catalog is None else str(catalog))
     if isinstance(golden, Infeasible):
         # an infeasibility record keeps no searched space: this one was written by
         # test_contract.make (its SMALL space); its reason names the GPU set

@@ -200,7 +200,7 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
 
     ctx = make_context(req)
     outcome = run_search(ctx, jobs=jobs, progress=progress)
-    stats = search_stats(req, outcome)
+    stats = search_stats(req, ctx.hw, outcome)
     if outcome.best is None:
         reason = _infeasible_reason(ctx, jobs)
         dist = workload_record(req, ctx.arrays)

@@ -390,7 +390,10 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
                       overflow=dist.overflow, slo_percentile=dist.slo_percentile, kv_quantile=dist.kv_quantile,
                       scenarios=dist.scenarios, seed=dist.seed)
     if isinstance(plan, Plan):
-        values.update(plan.search.space.model_dump())
+        space = plan.search.space.model_dump()
+        if space.pop("memory_reserve_gb_by_gpu") is not None:  # the catalog's own, per GPU type
+            space["memory_reserve_gb"] = None
+        values.update(space)
         net = plan.provenance.network
         values.update(backend=plan.provenance.backend, network_bandwidth=net.get("inter_node_gbps"),
                       network_latency=net.get("inter_node_latency_us"))

@@ -22,11 +22,12 @@ from opweave_planner.data import profiles_root
 from opweave_planner.report import dumps
 from opweave_planner.sizing import Deployment
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 # Keys added after 1.0, with the MINOR that introduced them: a file is stamped with the lowest
 # version whose schema covers the keys it actually carries, so old readers keep reading it.
 _MINOR_KEYS = (("max_stages", 2), ("max_nodes", 2), ("gpus_per_node", 2), ("memory_headroom", 2),
-               ("prefer_simpler", 2), ("gpu_memory_utilization", 2), ("moe_routing", 2), ("fixed_costs", 2))
+               ("prefer_simpler", 2), ("gpu_memory_utilization", 2), ("moe_routing", 2), ("fixed_costs", 2),
+               ("memory_reserve_gb_by_gpu", 5))
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -43,6 +44,10 @@ ActionEntry = Annotated[str, Field(pattern=_ACTION_PATTERN)]
 Count = Annotated[StrictInt, Field(ge=0)]
 FinitePrice = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 NetworkFigure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Names and paths that exports write into scripts and manifests, and the terminal prints: no
+# control characters (a newline in a model name would become its own line of a generated script)
+NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 
 def _f(description: str, **kw):
@@ -117,7 +122,7 @@ class OwnerOut(_Frozen):
     """A device group type: `replicas` identical groups of `tensor_parallel` GPUs of type `gpu`."""
 
     index: StrictInt = _f("Owner index; stages[].owner refers to it", ge=0)
-    gpu: str = _f("GPU type id (catalog id, e.g. h100)")
+    gpu: Name = _f("GPU type id (catalog id, e.g. h100)")
     tensor_parallel: StrictInt = _f("GPUs per device group (tensor-parallel degree), all in one node", ge=1)
     expert_parallel: StrictInt = _f("Routed experts split across this many GPUs of the group (1: replicated "
                               "per TP shard rules)", ge=1)
@@ -169,7 +174,7 @@ class Metrics(_Frozen):
 class SpaceOut(_Frozen):
     """The search space the plan was chosen from (what `regen` and `simulate` rebuild)."""
 
-    gpus: list[str] = _f("GPU types searched")
+    gpus: list[Name] = _f("GPU types searched")
     tensor_parallel_sizes: list[StrictInt] = _f("TP degrees searched")
     batches: list[StrictInt] = _f("Global resident batch sizes searched")
     max_owners: StrictInt = _f("Most owners per template", ge=1)
@@ -196,7 +201,15 @@ class SpaceOut(_Frozen):
     fixed_costs: StrictBool | None = _f("Stages and hand-offs were charged their fixed dispatch / NCCL call "
                                   "costs; added in schema 1.2", default=None)
     memory_reserve_gb: float = _f("Per-GPU memory held back for framework/CUDA context inside the "
-                                  "runtime's budget, GiB (NCCL buffers by TP come on top)", ge=0)
+                                  "runtime's budget, GiB (NCCL buffers by TP come on top); the largest "
+                                  "of memory_reserve_gb_by_gpu when that is present", ge=0)
+    memory_reserve_gb_by_gpu: dict[Name, Annotated[float, Field(ge=0)]] | None = _f(
+        "Each searched GPU type's reserve, GiB, when they differ (a catalog's own figures, none given "
+        "on the command line); added in schema 1.5", default=None)
+
+    def reserve_gb(self, gpu: str) -> float:
+        """The reserve the search held back on `gpu`."""
+        return (self.memory_reserve_gb_by_gpu or {}).get(gpu, self.memory_reserve_gb)
 
 
 class SearchStats(_Frozen):
@@ -232,8 +245,8 @@ class Plan(_Frozen):
     """A feasible decode-serving plan."""
 
     schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
-    model: str = _f("Model name")
-    model_source: str | None = _f("Absolute path of the config.json the plan was made from, when it was "
+    model: Name = _f("Model name (no control characters)")
+    model_source: Name | None = _f("Absolute path of the config.json the plan was made from, when it was "
                                   "not a bundled model or Hugging Face id (what simulate and regen "
                                   "reload); added in schema 1.2", default=None)
     workload: Workload
@@ -280,7 +293,7 @@ class Infeasible(_Frozen):
     """No plan meets the request; `reason` names the binding constraint."""
 
     schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
-    model: str
+    model: Name
     workload: Workload
     policy: PolicyName
     feasible: Literal[False] = _f("Always false", default=False)
@@ -322,8 +335,18 @@ def provenance(hw, seq, gpus, profiles_dir: str | None, backend: str) -> Provena
     )
 
 
-def space_record(req) -> SpaceOut:
-    return SpaceOut(**{**req.space_record(), "gpus": list(req.gpus)})
+def space_record(req, hw) -> SpaceOut:
+    """The searched space, with the reserve each GPU type was searched with (`--memory-reserve-gb`,
+    else the catalog's own figure per type), so simulate and regen judge the plan under it."""
+    from opweave_planner.latency.memory import GIB, reserve_bytes
+
+    rec = {**req.space_record(), "gpus": list(req.gpus)}
+    used = {gid: _round(reserve_bytes(hw.resolve(gid, "--gpus")) / GIB) for gid in req.gpus}
+    if req.memory_reserve_gb is None and used:
+        rec["memory_reserve_gb"] = max(used.values())
+        if len(set(used.values())) > 1:
+            rec["memory_reserve_gb_by_gpu"] = used
+    return SpaceOut(**rec)
 
 
 def distribution_minor(distribution: Distribution) -> int:
@@ -335,11 +358,11 @@ def schema_version_for(space: SpaceOut, alternatives: bool = False,
                        distribution: Distribution | None = None) -> str:
     """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction; 1.2:
     alternatives, model_source and the deployment constraints; 1.3: a workload distribution;
-    1.4: its ``overflow`` "truncate"; `alternatives` says a 1.2 key outside the searched space
+    1.4: its ``overflow`` "truncate"; 1.5: per-GPU memory reserves; `alternatives` says a 1.2 key outside the searched space
     is present; `distribution` is the plan's workload distribution record, or None)."""
-    if distribution is not None:
-        return f"{SCHEMA_MAJOR}.{distribution_minor(distribution)}"
     minor = 2 if alternatives else 1
+    if distribution is not None:
+        minor = distribution_minor(distribution)
     for key, since in _MINOR_KEYS:
         if getattr(space, key) is not None:
             minor = max(minor, since)
@@ -483,9 +506,9 @@ def tpot_stats(ev, percentile: float) -> TpotStats:
                      at_mean_context_ms=_round(ev.t_show / 1e3), samples=int(ev.samples.size))
 
 
-def search_stats(req, outcome) -> SearchStats:
+def search_stats(req, hw, outcome) -> SearchStats:
     return SearchStats(templates=outcome.templates, exhaustive=not (req.pareto or req.bnb),
-                       space=space_record(req), **outcome.counters._asdict())
+                       space=space_record(req, hw), **outcome.counters._asdict())
 
 
 Alternative.model_rebuild()
