@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from opweave_planner.inputs.hardware import GpuType
     from opweave_planner.inputs.model import ModelSpec
 
-ATTENTION_CORE_KINDS = ("attn_full", "attn_sliding", "attn_linear", "attn_mla")
 _REL_TOL = 1e-12
 
 
@@ -288,9 +287,8 @@ def model_inputs(model: ModelSpec, tp: int = 1) -> ModelInputs:
     m_weights = sum(weight_shard(op, tp) for op in seq.ops)  # the search's rule
     p_act = 0.0
     for op in seq.ops:
-        if op.kind == "embed" or op.kind in ATTENTION_CORE_KINDS:
-            continue  # a table lookup and the core attention are not GEMM work
-        p_act += op.active_params / (1 if op.sharding == "replicated" else tp)
+        if op.traits.gemm_work:  # not the embedding lookup nor the core attention
+            p_act += op.active_params / tp
     terms: dict[int, float] = {}
     fixed = 0.0
     for op in seq.ops:

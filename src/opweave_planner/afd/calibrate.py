@@ -116,23 +116,6 @@ def calibrate(attention, ffn, communication) -> Calibration:
     return Calibration(coef, fits["attention"], fits["ffn"], fits["communication"])
 
 
-ATTENTION_SIDE_KINDS = (
-    "embed",
-    "qkv_proj",
-    "mla_down",
-    "mla_up",
-    "attn_full",
-    "attn_sliding",
-    "attn_linear",
-    "attn_mla",
-    "o_proj",
-    "lm_head",
-)
-"""Operators run on an attention instance (embedding and LM head stay with the requests)."""
-
-FFN_SIDE_KINDS = ("router", "shared_up", "shared_down", "moe_up", "moe_down", "ffn_up", "ffn_down")
-"""Operators run on the FFN instance."""
-
 ATTENTION_BATCH_FRACTIONS = (1.0,)
 """Attention microbatch sizes sampled, as fractions of B.
 
@@ -175,7 +158,7 @@ def calibrate_from_profiles(
     from opweave_planner.inputs.hardware import load_hardware
     from opweave_planner.inputs.model import load_model
     from opweave_planner.latency.lookup import SOURCE_NAMES, Parallel, op_latencies
-    from opweave_planner.structure.operators import build_sequence
+    from opweave_planner.structure.operators import Side, build_sequence
 
     for name, value in (
         ("attn_tp", attn_tp),
@@ -192,19 +175,16 @@ def calibrate_from_profiles(
     g_ffn = hw.resolve(ffn_gpu, "--ffn-gpu")
     spec = load_model(model)
     seq = build_sequence(spec)
-    kinds = np.array([op.kind for op in seq.ops])
-    unknown = sorted(set(kinds) - set(ATTENTION_SIDE_KINDS) - set(FFN_SIDE_KINDS))
-    if unknown:
-        raise UserError(f"model {model}: operator kinds {unknown} belong to neither AFD side")
-    attn_mask = np.isin(kinds, ATTENTION_SIDE_KINDS)
-    ffn_mask = np.isin(kinds, FFN_SIDE_KINDS)
-    if moe_ep and not np.isin(kinds, ("moe_up", "moe_down")).any():
+    # the embedding and the LM head (Side.OTHER) stay with the requests, on the attention side
+    ffn_mask = np.array([op.traits.side == Side.FFN for op in seq.ops])
+    attn_mask = ~ffn_mask
+    if moe_ep and not any(op.traits.experts for op in seq.ops):
         raise UserError(f"--ep: model {model} has no MoE layers to split across experts")
 
     attn_batches = tuple(sorted({max(1, round(f * batch)) for f in ATTENTION_BATCH_FRACTIONS}))
     contexts = tuple(sorted({max(1, context // d) for d in CONTEXT_DIVISORS}))
     par_a = Parallel(attn_tp, False)
-    core_mask = np.isin(kinds, ("attn_full", "attn_sliding", "attn_linear", "attn_mla"))
+    core_mask = np.array([op.traits.core for op in seq.ops])
     tok, lat_a, src_a, src_core = [], [], [], []
     for c in contexts:
         ol = op_latencies(seq, g_attn, par_a, c, attn_batches, profiles_dir, backend)

@@ -17,16 +17,20 @@ from pathlib import Path
 import numpy as np
 
 from opweave_planner.data import profiles_root
-from opweave_planner.errors import UserError
 from opweave_planner.inputs.hardware import GpuType
 from opweave_planner.latency import interp
 from opweave_planner.latency import roofline as rf
 from opweave_planner.latency.tables import available_gpus, load_profile_set
-from opweave_planner.structure.operators import Operator, OperatorSequence
+from opweave_planner.structure.operators import (
+    Kernel,
+    KvRule,
+    Operator,
+    OperatorSequence,
+    Passes,
+    Shard,
+)
 
 SOURCE_NAMES = interp.SOURCE_NAMES
-_REPLICATED = ("router", "mla_down")  # small or latent-shared weights every TP rank keeps
-_ALLREDUCE_AFTER = ("embed", "o_proj", "ffn_down", "moe_down")  # embed: vocab-parallel partial sums
 MOE_UP_SHARE = 2.0 / 3.0  # gate+up carry two thirds of a gated MoE's bytes and FLOPs
 
 
@@ -133,7 +137,7 @@ class _Kernels:
 def qkv_split(op: Operator, tp: int) -> tuple[int, int] | None:
     """(query width, key+value width) per GPU of a softmax-attention QKV projection, or None."""
     a = op.attention
-    if op.kind != "qkv_proj" or a is None or a.kind not in ("full", "sliding"):
+    if op.traits.shard != Shard.QKV or a is None or a.kind not in ("full", "sliding"):
         return None
     q_out = a.n_heads * a.head_dim * (2 if a.q_gate else 1)
     return max(1, q_out // tp), 2 * kv_heads_per_rank(a.n_kv_heads, tp) * a.head_dim
@@ -147,10 +151,11 @@ def sharded_gemms(op: Operator, tp: int) -> list[tuple[int, int]]:
     """
     out = []
     split = qkv_split(op, tp)
+    shard = op.traits.shard
     for n, k in op.gemm:
-        if op.kind in _REPLICATED:
+        if shard == Shard.REPLICATED:
             out.append((n, k))
-        elif op.kind in ("o_proj", "ffn_down", "shared_down"):
+        elif shard == Shard.ROW:
             out.append((n, max(1, k // tp)))
         elif split is not None:
             out.append((sum(split), k))
@@ -172,7 +177,7 @@ def kernel_shapes(seq: OperatorSequence, tp: int) -> tuple[list[tuple[int, int]]
     for op in seq.ops:
         for nk in sharded_gemms(op, tp):
             gemms[nk] = None
-        if op.kind in ("attn_full", "attn_sliding"):
+        if op.traits.kernel == Kernel.ATTENTION:
             attn[(*sharded_attention(op, tp), op.attention.window or 0)] = None
     return list(gemms), list(attn)
 
@@ -197,63 +202,89 @@ def elementwise_bytes(op: Operator, seq: OperatorSequence, tp: int) -> list[floa
     LM head, the embedding is a gather (write hidden). Routers, MLA, linear
     attention and MoE fuse their own passes and are costed by their kernels.
     """
-    h, ab = seq.model.hidden_size, seq.model.act_bytes
-    norm = 4.0 * h * ab
-    extra = [2.0 * h * ab] if seq.model.norms_per_layer == 4 else []  # Gemma's post-norms
-    if op.kind == "embed":
-        return [h * ab]
-    if op.kind == "lm_head":
-        return [norm]
-    if op.kind == "o_proj":
-        return extra + [norm]  # post-attention residual add + norm (pre-MLP)
-    if op.kind in ("ffn_down", "moe_down"):
-        return extra
+    return _PASSES[op.traits.passes](op, seq, tp)
+
+
+def _norm(seq: OperatorSequence) -> float:
+    return 4.0 * seq.model.hidden_size * seq.model.act_bytes
+
+
+def _post_norm(seq: OperatorSequence) -> list[float]:
+    """Gemma's post-attention / post-FFN norms (norms_per_layer == 4)."""
+    return [2.0 * seq.model.hidden_size * seq.model.act_bytes] if seq.model.norms_per_layer == 4 else []
+
+
+def _open_attention(op: Operator, seq: OperatorSequence, tp: int) -> list[float]:
+    """Pre-attention add + norm; a softmax QKV projection adds rotary and the KV-cache write."""
     split = qkv_split(op, tp)
-    if split is not None:
-        q, kv = split
-        rotary = 2.0 * (q + kv / 2) * ab
-        kv_write = kv * (ab + seq.model.kv_bytes)
-        return [norm, rotary, kv_write]
-    if op.kind == "qkv_proj":  # linear attention's input projection: the norm only
-        return [norm]
-    if op.kind in ("mla_down",):
-        return [norm]
-    if op.kind in ("ffn_up", "shared_up"):
-        width = sum(n for n, _ in sharded_gemms(op, tp)) / 2
-        return [3.0 * width * ab]
-    return []
+    if split is None:
+        return [_norm(seq)]
+    q, kv = split
+    ab = seq.model.act_bytes
+    return [_norm(seq), 2.0 * (q + kv / 2) * ab, kv * (ab + seq.model.kv_bytes)]
+
+
+def _activation(op: Operator, seq: OperatorSequence, tp: int) -> list[float]:
+    width = sum(n for n, _ in sharded_gemms(op, tp)) / 2
+    return [3.0 * width * seq.model.act_bytes]
+
+
+_PASSES = {
+    Passes.NONE: lambda op, seq, tp: [],
+    Passes.GATHER: lambda op, seq, tp: [seq.model.hidden_size * seq.model.act_bytes],
+    Passes.OPEN_ATTENTION: _open_attention,
+    Passes.CLOSE_ATTENTION: lambda op, seq, tp: _post_norm(seq) + [_norm(seq)],  # + pre-MLP add + norm
+    Passes.ACTIVATION: _activation,
+    Passes.CLOSE_FFN: lambda op, seq, tp: _post_norm(seq),
+    Passes.FINAL_NORM: lambda op, seq, tp: [_norm(seq)],
+}
+
+
+def _gemms(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
+    return [kern.gemm(b, n, k, _gemm_dtype(op)) for n, k in sharded_gemms(op, par.tp)]
+
+
+def _attention(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
+    return [kern.attention(b, *sharded_attention(op, par.tp), ctx, op.attention.window or 0)]
+
+
+def _state(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
+    shard = _state_shard(op, par.tp)
+    return [kern.memory_pass(b, 2.0 * op.state_bytes / shard, op.flops / shard)]
+
+
+def _latent(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
+    # the latent cache is shared by all heads, so it is replicated across TP
+    return [kern.memory_pass(b, op.kv_bytes(ctx), op.ctx_flops * ctx / par.tp)]
+
+
+def _moe(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
+    f = op.mlp
+    ep, etp = (par.tp, 1) if par.moe_ep else (1, par.tp)
+    lat, src = kern.moe(b, seq.model.hidden_size, f.expert_intermediate, f.top_k, f.n_experts, etp, ep, _moe_dtype(op))
+    share = MOE_UP_SHARE if op.traits.kernel == Kernel.FUSED_MOE_UP else 1.0 - MOE_UP_SHARE
+    return [(lat * share, src)]
+
+
+_COSTS = {
+    Kernel.GATHER: lambda kern, op, seq, par, ctx, b: [],  # the gather is its elementwise pass
+    Kernel.GEMM: _gemms,
+    Kernel.ATTENTION: _attention,
+    Kernel.STATE: _state,
+    Kernel.LATENT: _latent,
+    Kernel.FUSED_MOE_UP: _moe,
+    Kernel.FUSED_MOE_DOWN: _moe,
+}
 
 
 def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b):
     """(latency µs, source) arrays over microbatch sizes `b` for one operator on one GPU."""
-    h = seq.model.hidden_size
-    tp = par.tp
-    parts = []
-    if op.kind == "embed":
-        pass  # the gather is its elementwise pass; its all-reduce is added below
-    elif op.gemm:
-        for n, k in sharded_gemms(op, tp):
-            parts.append(kern.gemm(b, n, k, _gemm_dtype(op)))
-    elif op.kind in ("attn_full", "attn_sliding"):
-        parts.append(kern.attention(b, *sharded_attention(op, tp), ctx, op.attention.window or 0))
-    elif op.kind == "attn_linear":
-        shard = min(tp, op.attention.lin_v_heads)
-        parts.append(kern.memory_pass(b, 2.0 * op.state_bytes / shard, op.flops / shard))
-    elif op.kind == "attn_mla":
-        # the latent cache is shared by all heads, so it is replicated across TP
-        parts.append(kern.memory_pass(b, op.kv_bytes(ctx), op.ctx_flops * ctx / tp))
-    elif op.kind in ("moe_up", "moe_down"):
-        f = op.mlp
-        ep, etp = (tp, 1) if par.moe_ep else (1, tp)
-        lat, src = kern.moe(b, h, f.expert_intermediate, f.top_k, f.n_experts, etp, ep, _moe_dtype(op))
-        share = MOE_UP_SHARE if op.kind == "moe_up" else 1.0 - MOE_UP_SHARE
-        parts.append((lat * share, src))
-    else:
-        raise UserError(f"operator kind '{op.kind}' has no latency model")
-    for nbytes in elementwise_bytes(op, seq, tp):
+    traits = op.traits
+    parts = _COSTS[traits.kernel](kern, op, seq, par, ctx, b)
+    for nbytes in elementwise_bytes(op, seq, par.tp):
         parts.append(kern.elementwise(b, nbytes))
-    if op.kind in _ALLREDUCE_AFTER:
-        parts.append(kern.allreduce(tp, b * h * seq.model.act_bytes))
+    if traits.allreduce_after:
+        parts.append(kern.allreduce(par.tp, b * seq.model.hidden_size * seq.model.act_bytes))
     lats = np.array([p[0] for p in parts])
     srcs = np.array([p[1] for p in parts])
     # the figure is as trustworthy as the kernel that dominates it
@@ -293,7 +324,7 @@ def weight_shard(op: Operator, tp: int) -> float:
     Replicated kinds keep everything; a QKV projection keeps its query share
     plus whole (possibly replicated) KV heads; the rest splits evenly.
     """
-    if op.kind in _REPLICATED:
+    if op.traits.shard == Shard.REPLICATED:
         return op.weight_bytes
     split = qkv_split(op, tp)
     if split is not None:
@@ -302,14 +333,22 @@ def weight_shard(op: Operator, tp: int) -> float:
     return op.weight_bytes / tp
 
 
+def _state_shard(op: Operator, tp: int) -> int:
+    """GPUs a linear-attention state splits over: one value head each at most."""
+    return min(tp, op.attention.lin_v_heads)
+
+
+_KV_SHARD = {  # (operator, TP, total bytes) -> bytes on one GPU
+    KvRule.HEADS: lambda op, tp, total: total * kv_heads_per_rank(op.attention.n_kv_heads, tp)
+    / op.attention.n_kv_heads,
+    KvRule.LATENT: lambda op, tp, total: total,  # shared by all heads: replicated
+    KvRule.STATE: lambda op, tp, total: total / _state_shard(op, tp),
+}
+
+
 def kv_shard(op: Operator, tp: int, context: int) -> float:
     """Per-GPU KV/state bytes per request: `kv_heads_per_rank` heads (MLA latents replicated)."""
     total = op.kv_bytes(context)
     if not total:
         return 0.0
-    a = op.attention
-    if op.kind == "attn_mla":
-        return total
-    if op.kind == "attn_linear":
-        return total / min(tp, a.lin_v_heads)
-    return total * kv_heads_per_rank(a.n_kv_heads, tp) / a.n_kv_heads
+    return _KV_SHARD[op.traits.kv](op, tp, total)

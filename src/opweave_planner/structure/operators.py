@@ -4,6 +4,8 @@ Each operator carries what later stages need: its weights, FLOPs, the KV or
 recurrent state it keeps per request, and the bytes of the tensor it emits.
 Stage-boundary payloads are derived from the DAG (every tensor produced before
 a cut and consumed after it crosses), so the residual stream is never forgotten.
+What depends on an operator's kind (its AFD side, sharding, KV rule, kernel model,
+fused passes, all-reduce) is one row of `TRAITS`, so no other module names kinds.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Slot(IntEnum):
 
 
 class OpKind(StrEnum):
-    """What an operator computes; the latency lookup and the sharding rules key on it."""
+    """What an operator computes; everything that depends on it is read from its `TRAITS` row."""
 
     EMBED = "embed"
     LM_HEAD = "lm_head"
@@ -54,11 +56,123 @@ class OpKind(StrEnum):
     FFN_DOWN = "ffn_down"
 
 
+class Side(StrEnum):
+    """Where attention-FFN disaggregation runs an operator (OTHER: embedding and LM head, which
+    stay with the requests, i.e. on the attention instances)."""
+
+    ATTENTION = "attention"
+    FFN = "ffn"
+    OTHER = "other"
+
+
+class Shard(StrEnum):
+    """How a TP group divides an operator's weights and GEMMs (`lookup.sharded_gemms`, `weight_shard`)."""
+
+    COLUMN = "column"  # output features split (vocab-parallel LM head too)
+    ROW = "row"  # input features split: a row-parallel projection
+    QKV = "qkv"  # query share plus whole, possibly replicated, KV heads (softmax attention; else COLUMN)
+    REPLICATED = "replicated"  # small or latent-shared weights every rank keeps
+    EVEN = "even"  # no GEMM of its own: weights split evenly (vocab rows, experts, attention heads)
+
+
+class KvRule(StrEnum):
+    """How a TP group divides an operator's KV cache or recurrent state (`lookup.kv_shard`)."""
+
+    NONE = "none"  # keeps none
+    HEADS = "heads"  # softmax KV: kv_heads_per_rank heads per GPU
+    LATENT = "latent"  # MLA's latent cache is shared by all heads: replicated
+    STATE = "state"  # linear attention's state: split over min(TP, value heads)
+
+
+class Kernel(StrEnum):
+    """Which kernel model costs the operator (`lookup` dispatches on it)."""
+
+    GATHER = "gather"  # the embedding lookup: its elementwise pass only
+    GEMM = "gemm"  # the dense GEMMs of `Operator.gemm`
+    ATTENTION = "attention"  # softmax decode attention
+    STATE = "state"  # a memory pass over the recurrent state
+    LATENT = "latent"  # a memory pass over the latent cache
+    FUSED_MOE_UP = "fused_moe_up"  # the fused MoE's gate+up share
+    FUSED_MOE_DOWN = "fused_moe_down"  # the fused MoE's down share
+
+
+class Passes(StrEnum):
+    """The small elementwise kernels fused next to an operator (`lookup.elementwise_bytes`)."""
+
+    NONE = "none"  # fused into its own kernel
+    GATHER = "gather"  # write the gathered hidden state
+    OPEN_ATTENTION = "open_attention"  # residual add + norm; rotary and KV write for softmax QKV
+    CLOSE_ATTENTION = "close_attention"  # Gemma's post-norm, then the pre-MLP add + norm
+    ACTIVATION = "activation"  # SiLU-and-mul of a gated up projection
+    CLOSE_FFN = "close_ffn"  # Gemma's post-FFN norm
+    FINAL_NORM = "final_norm"  # the final norm, joined to the LM head
+
+
+CORE_KERNELS = (Kernel.ATTENTION, Kernel.STATE, Kernel.LATENT)
+MOE_KERNELS = (Kernel.FUSED_MOE_UP, Kernel.FUSED_MOE_DOWN)
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the rest of the planner needs to know about one operator kind."""
+
+    side: Side
+    kernel: Kernel
+    passes: Passes = Passes.NONE
+    shard: Shard = Shard.COLUMN
+    kv: KvRule = KvRule.NONE
+    allreduce_after: bool = False  # closes a TP partial sum (embed: vocab-parallel)
+
+    @property
+    def core(self) -> bool:
+        """The attention core: context-dependent work, no GEMM."""
+        return self.kernel in CORE_KERNELS
+
+    @property
+    def experts(self) -> bool:
+        return self.kernel in MOE_KERNELS
+
+    @property
+    def gemm_work(self) -> bool:
+        """Its parameters are multiplied by every token (P_act): not the gather nor the core."""
+        return self.kernel == Kernel.GEMM or self.experts
+
+
+_A, _F, _O = Side.ATTENTION, Side.FFN, Side.OTHER
+TRAITS: dict[OpKind, Traits] = {
+    OpKind.EMBED: Traits(_O, Kernel.GATHER, Passes.GATHER, Shard.EVEN, allreduce_after=True),
+    OpKind.LM_HEAD: Traits(_O, Kernel.GEMM, Passes.FINAL_NORM),
+    OpKind.QKV_PROJ: Traits(_A, Kernel.GEMM, Passes.OPEN_ATTENTION, Shard.QKV),
+    OpKind.MLA_DOWN: Traits(_A, Kernel.GEMM, Passes.OPEN_ATTENTION, Shard.REPLICATED),
+    OpKind.MLA_UP: Traits(_A, Kernel.GEMM),
+    OpKind.ATTN_FULL: Traits(_A, Kernel.ATTENTION, shard=Shard.EVEN, kv=KvRule.HEADS),
+    OpKind.ATTN_SLIDING: Traits(_A, Kernel.ATTENTION, shard=Shard.EVEN, kv=KvRule.HEADS),
+    OpKind.ATTN_LINEAR: Traits(_A, Kernel.STATE, shard=Shard.EVEN, kv=KvRule.STATE),
+    OpKind.ATTN_MLA: Traits(_A, Kernel.LATENT, shard=Shard.EVEN, kv=KvRule.LATENT),
+    OpKind.O_PROJ: Traits(_A, Kernel.GEMM, Passes.CLOSE_ATTENTION, Shard.ROW, allreduce_after=True),
+    OpKind.ROUTER: Traits(_F, Kernel.GEMM, shard=Shard.REPLICATED),
+    OpKind.SHARED_UP: Traits(_F, Kernel.GEMM, Passes.ACTIVATION),
+    OpKind.SHARED_DOWN: Traits(_F, Kernel.GEMM, shard=Shard.ROW),
+    OpKind.MOE_UP: Traits(_F, Kernel.FUSED_MOE_UP, shard=Shard.EVEN),
+    OpKind.MOE_DOWN: Traits(_F, Kernel.FUSED_MOE_DOWN, Passes.CLOSE_FFN, Shard.EVEN, allreduce_after=True),
+    OpKind.FFN_UP: Traits(_F, Kernel.GEMM, Passes.ACTIVATION),
+    OpKind.FFN_DOWN: Traits(_F, Kernel.GEMM, Passes.CLOSE_FFN, Shard.ROW, allreduce_after=True),
+}
+"""One row per kind: adding a kind is its enum member, this row and the builder that emits it."""
+
 SLOTS = tuple(s.name.lower() for s in Slot)
 SLOT = {s.name.lower(): int(s) for s in Slot}
 EMBED_LAYER = -1
 
-ATTENTION_CORE_KINDS = (OpKind.ATTN_FULL, OpKind.ATTN_SLIDING, OpKind.ATTN_LINEAR, OpKind.ATTN_MLA)
+
+def operator_side(name: str) -> Side:
+    """The AFD side of an operator by its plan name ('layers.3.o_proj', 'embed'); OTHER for a
+    name of no known kind (a plan file is read as it is)."""
+    kind = _KIND_OF.get(name.rsplit(".", 1)[-1])
+    return Side.OTHER if kind is None else TRAITS[kind].side
+
+
+_KIND_OF = {k.value: k for k in OpKind}
 
 
 @dataclass(frozen=True)
@@ -83,7 +197,10 @@ class Operator:
     mlp: MlpSpec | None = None
     weight_dtype_bytes: float = 2.0
     weight_dtype: str = "bfloat16"  # storage format by name (picks the kernel table)
-    sharding: str = "tp"  # tp | vocab | experts | replicated
+
+    @property
+    def traits(self) -> Traits:
+        return TRAITS[self.kind]
 
     def kv_bytes(self, context: int) -> float:
         """KV/state bytes per request at `context` tokens."""
@@ -121,21 +238,25 @@ class OperatorSequence:
         return sum(op.kv_bytes(context) for op in self.ops)
 
 
+_CORE_KIND = {"full": OpKind.ATTN_FULL, "sliding": OpKind.ATTN_SLIDING, "linear": OpKind.ATTN_LINEAR,
+              "mla": OpKind.ATTN_MLA}  # AttentionSpec.kind -> the core operator's kind
+
+
 def _attention_ops(layer: LayerSpec, m: ModelSpec) -> list[tuple]:
     """(slot, kind, gemms, extra params, out bytes) of a layer's attention module."""
     a, h, ab = layer.attention, m.hidden_size, m.act_bytes
     post_norm = h if m.norms_per_layer == 4 else 0  # Gemma's post-attention norm
-    core_kind = f"attn_{a.kind}"
+    core_kind = _CORE_KIND[a.kind]
     if a.kind == "mla":
         down_n = a.q_lora_rank + a.kv_lora_rank + a.qk_rope_dim
         absorb_k = a.kv_lora_rank * a.n_heads * a.qk_nope_dim  # kv_b rows used for keys
         absorb_v = a.kv_lora_rank * a.n_heads * a.v_head_dim  # kv_b rows used for values
         return [
-            ("attn_in", "mla_down", [(down_n, h)], h + a.q_lora_rank + a.kv_lora_rank, down_n * ab),
-            ("attn_in2", "mla_up", [(a.n_heads * a.head_dim, a.q_lora_rank)], absorb_k,
+            (Slot.ATTN_IN, OpKind.MLA_DOWN, [(down_n, h)], h + a.q_lora_rank + a.kv_lora_rank, down_n * ab),
+            (Slot.ATTN_IN2, OpKind.MLA_UP, [(a.n_heads * a.head_dim, a.q_lora_rank)], absorb_k,
              a.n_heads * (a.kv_lora_rank + a.qk_rope_dim) * ab),
-            ("attn_core", core_kind, [], 0, a.n_heads * a.kv_lora_rank * ab),
-            ("attn_out", "o_proj", [(h, a.n_heads * a.v_head_dim)], absorb_v + post_norm, h * ab),
+            (Slot.ATTN_CORE, core_kind, [], 0, a.n_heads * a.kv_lora_rank * ab),
+            (Slot.ATTN_OUT, OpKind.O_PROJ, [(h, a.n_heads * a.v_head_dim)], absorb_v + post_norm, h * ab),
         ]
     if a.kind == "linear":
         qkvz = 2 * a.lin_k_heads * a.lin_k_dim + 2 * a.lin_v_heads * a.lin_v_dim
@@ -144,18 +265,18 @@ def _attention_ops(layer: LayerSpec, m: ModelSpec) -> list[tuple]:
         core_params = conv_ch * a.conv_kernel + 2 * a.lin_v_heads + a.lin_v_dim
         v_width = a.lin_v_heads * a.lin_v_dim
         return [
-            ("attn_in", "qkv_proj", [(qkvz + ba, h)], h, (qkvz + ba) * ab),
-            ("attn_core", core_kind, [], core_params, v_width * ab),
-            ("attn_out", "o_proj", [(h, v_width)], post_norm, h * ab),
+            (Slot.ATTN_IN, OpKind.QKV_PROJ, [(qkvz + ba, h)], h, (qkvz + ba) * ab),
+            (Slot.ATTN_CORE, core_kind, [], core_params, v_width * ab),
+            (Slot.ATTN_OUT, OpKind.O_PROJ, [(h, v_width)], post_norm, h * ab),
         ]
     q_out = a.n_heads * a.head_dim * (2 if a.q_gate else 1)
     kv_out = 2 * a.n_kv_heads * a.head_dim
     bias = (q_out + kv_out) if a.bias else 0
     qk_norm = 2 * a.head_dim if a.qk_norm else 0
     return [
-        ("attn_in", "qkv_proj", [(q_out + kv_out, h)], h + bias + qk_norm, (q_out + kv_out) * ab),
-        ("attn_core", core_kind, [], a.n_heads if a.sinks else 0, a.n_heads * a.head_dim * ab),
-        ("attn_out", "o_proj", [(h, a.n_heads * a.head_dim)], (h if a.bias else 0) + post_norm, h * ab),
+        (Slot.ATTN_IN, OpKind.QKV_PROJ, [(q_out + kv_out, h)], h + bias + qk_norm, (q_out + kv_out) * ab),
+        (Slot.ATTN_CORE, core_kind, [], a.n_heads if a.sinks else 0, a.n_heads * a.head_dim * ab),
+        (Slot.ATTN_OUT, OpKind.O_PROJ, [(h, a.n_heads * a.head_dim)], (h if a.bias else 0) + post_norm, h * ab),
     ]
 
 
@@ -165,20 +286,20 @@ def _mlp_ops(layer: LayerSpec, m: ModelSpec) -> list[tuple]:
     post_norm = h if m.norms_per_layer == 4 else 0  # Gemma's post-FFN norm
     if f.kind == "dense":
         return [
-            ("ffn_up", "ffn_up", [(2 * f.intermediate, h)], h, f.intermediate * ab),
-            ("ffn_down", "ffn_down", [(h, f.intermediate)], post_norm, h * ab),
+            (Slot.FFN_UP, OpKind.FFN_UP, [(2 * f.intermediate, h)], h, f.intermediate * ab),
+            (Slot.FFN_DOWN, OpKind.FFN_DOWN, [(h, f.intermediate)], post_norm, h * ab),
         ]
-    ops = [("router", "router", [(f.n_experts, h)], h + (f.n_experts if f.bias else 0),
+    ops = [(Slot.ROUTER, OpKind.ROUTER, [(f.n_experts, h)], h + (f.n_experts if f.bias else 0),
             h * ab + f.top_k * 8)]
     if f.shared_intermediate:
         gate = h if f.shared_gate else 0
-        ops.append(("shared_up", "shared_up", [(2 * f.shared_intermediate, h)], gate,
+        ops.append((Slot.SHARED_UP, OpKind.SHARED_UP, [(2 * f.shared_intermediate, h)], gate,
                     f.shared_intermediate * ab))
-        ops.append(("shared_down", "shared_down", [(h, f.shared_intermediate)], 0, h * ab))
+        ops.append((Slot.SHARED_DOWN, OpKind.SHARED_DOWN, [(h, f.shared_intermediate)], 0, h * ab))
     up_bias = f.n_experts * 2 * f.expert_intermediate if f.bias else 0
     down_bias = f.n_experts * h if f.bias else 0
-    ops.append(("ffn_up", "moe_up", [], up_bias, f.top_k * f.expert_intermediate * ab))
-    ops.append(("ffn_down", "moe_down", [], down_bias + post_norm, h * ab))
+    ops.append((Slot.FFN_UP, OpKind.MOE_UP, [], up_bias, f.top_k * f.expert_intermediate * ab))
+    ops.append((Slot.FFN_DOWN, OpKind.MOE_DOWN, [], down_bias + post_norm, h * ab))
     return ops
 
 
@@ -193,19 +314,17 @@ def _make_layer_ops(layer: LayerSpec, m: ModelSpec) -> list[Operator]:
         dtype_b, dtype = m.weight_bytes, m.weight_dtype
         ctx_flops = kv_tok = state = 0.0
         window = 0
-        sharding = "tp"
-        if kind == "router":
+        traits = TRAITS[kind]
+        if kind == OpKind.ROUTER:  # routing logits stay in the activation format
             dtype_b, dtype = m.act_bytes, m.act_dtype
-        if kind in ("moe_up", "moe_down"):
-            per_expert = 2 * f.expert_intermediate * m.hidden_size if kind == "moe_up" else (
+        if traits.experts:
+            per_expert = 2 * f.expert_intermediate * m.hidden_size if kind == OpKind.MOE_UP else (
                 f.expert_intermediate * m.hidden_size)
             params = f.n_experts * per_expert + extra
             active = f.top_k * per_expert + extra * f.top_k / f.n_experts
             flops = 2.0 * f.top_k * per_expert
             dtype_b, dtype = m.expert_weight_bytes, m.expert_weight_dtype
-            sharding = "experts"
-        if kind in ATTENTION_CORE_KINDS:
-            sharding = "tp"
+        if traits.core:
             if a.kind in ("full", "sliding"):
                 kv_tok = 2 * a.n_kv_heads * a.head_dim * m.kv_bytes
                 ctx_flops = 4.0 * a.n_heads * a.head_dim
@@ -218,11 +337,11 @@ def _make_layer_ops(layer: LayerSpec, m: ModelSpec) -> list[Operator]:
                 state = (a.lin_v_heads * a.lin_k_dim * a.lin_v_dim + conv_ch * (a.conv_kernel - 1)) * m.kv_bytes
                 flops = 6.0 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim + 2.0 * conv_ch * a.conv_kernel
         out.append(Operator(
-            name=f"layers.{layer.index}.{kind}", kind=OpKind(kind), layer=layer.index, slot=SLOT[slot],
+            name=f"layers.{layer.index}.{kind}", kind=kind, layer=layer.index, slot=int(slot),
             params=int(params), active_params=active, weight_bytes=params * dtype_b, flops=flops,
             ctx_flops=ctx_flops, kv_bytes_per_token=kv_tok, kv_window=window, state_bytes=state,
             out_bytes=float(out_bytes), gemm=tuple(gemms), attention=a, mlp=f,
-            weight_dtype_bytes=dtype_b, weight_dtype=dtype, sharding=sharding,
+            weight_dtype_bytes=dtype_b, weight_dtype=dtype,
         ))
     return out
 
@@ -231,25 +350,25 @@ def _dependencies(ops: list[Operator], layer_input: int) -> list[tuple[int, int]
     """Data edges (producer index, consumer index) of one layer's operators."""
     by_kind = {op.kind: i for i, op in enumerate(ops)}
     edges: list[tuple[int, int]] = []
-    core = next(i for i, op in enumerate(ops) if op.kind in ATTENTION_CORE_KINDS)
+    core = next(i for i, op in enumerate(ops) if op.traits.core)
     first = 0
     edges.append((layer_input, first))
-    if "mla_up" in by_kind:
-        edges += [(first, by_kind["mla_up"]), (by_kind["mla_up"], core), (first, core)]
+    if OpKind.MLA_UP in by_kind:
+        edges += [(first, by_kind[OpKind.MLA_UP]), (by_kind[OpKind.MLA_UP], core), (first, core)]
     else:
         edges.append((first, core))
-    o = by_kind["o_proj"]
+    o = by_kind[OpKind.O_PROJ]
     edges += [(core, o), (layer_input, o)]
     last = len(ops) - 1
-    if "router" in by_kind:
-        r = by_kind["router"]
-        edges += [(o, r), (r, by_kind["moe_up"]), (by_kind["moe_up"], by_kind["moe_down"])]
-        if "shared_up" in by_kind:
-            su, sd = by_kind["shared_up"], by_kind["shared_down"]
-            edges += [(r, su), (su, sd), (sd, by_kind["moe_down"])]
+    if OpKind.ROUTER in by_kind:
+        r, up, down = by_kind[OpKind.ROUTER], by_kind[OpKind.MOE_UP], by_kind[OpKind.MOE_DOWN]
+        edges += [(o, r), (r, up), (up, down)]
+        if OpKind.SHARED_UP in by_kind:
+            su, sd = by_kind[OpKind.SHARED_UP], by_kind[OpKind.SHARED_DOWN]
+            edges += [(r, su), (su, sd), (sd, down)]
     else:
-        edges.append((o, by_kind["ffn_up"]))
-        edges.append((by_kind["ffn_up"], by_kind["ffn_down"]))
+        edges.append((o, by_kind[OpKind.FFN_UP]))
+        edges.append((by_kind[OpKind.FFN_UP], by_kind[OpKind.FFN_DOWN]))
     edges.append((o, last))  # residual into the layer's final add
     return edges
 
@@ -260,16 +379,16 @@ def build_sequence(model: ModelSpec) -> OperatorSequence:
     h, ab = model.hidden_size, model.act_bytes
     embed_params = model.vocab_size * h
     embed = Operator(
-        name="embed", kind=OpKind.EMBED, layer=EMBED_LAYER, slot=0, params=embed_params,
+        name=OpKind.EMBED.value, kind=OpKind.EMBED, layer=EMBED_LAYER, slot=0, params=embed_params,
         active_params=float(embed_params), weight_bytes=embed_params * ab, flops=0.0,
-        out_bytes=h * ab, weight_dtype_bytes=ab, weight_dtype=model.act_dtype, sharding="vocab",
+        out_bytes=h * ab, weight_dtype_bytes=ab, weight_dtype=model.act_dtype,
     )
     head_params = 0 if model.tie_embeddings else embed_params
     lm_head = Operator(
-        name="lm_head", kind=OpKind.LM_HEAD, layer=model.n_layers, slot=0, params=head_params + h,
+        name=OpKind.LM_HEAD.value, kind=OpKind.LM_HEAD, layer=model.n_layers, slot=0, params=head_params + h,
         active_params=float(head_params + h), weight_bytes=(embed_params + h) * ab,
         flops=2.0 * embed_params, out_bytes=4.0, gemm=((model.vocab_size, h),),
-        weight_dtype_bytes=ab, weight_dtype=model.act_dtype, sharding="vocab",
+        weight_dtype_bytes=ab, weight_dtype=model.act_dtype,
     )
     graph = nx.DiGraph()
     nodes: list[Operator] = [embed]
