@@ -14,17 +14,118 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    field_validator,
+)
 
 from opweave_planner.data import profiles_root, shipped_dir
 from opweave_planner.errors import UserError
 
 GIB = 1 << 30
+TIB = 1 << 40
+#: a catalog, prices file or system.json is a few KiB; anything near this is not one
+MAX_TABLE_BYTES = 16 << 20
+
+#: physical range of each kind of GPU figure: (low, high, unit, high is exclusive). Generous
+#: (every shipped GPU sits far inside); a value outside is a typo or a unit slip, and would
+#: only overflow the cost model (a bandwidth of 1e-300 GB/s makes every time infinite).
+BOUNDS: dict[str, tuple[float, float, str, bool]] = {
+    "bandwidth": (1.0, 1e5, "GB/s", False),  # HBM: 1 TB/s to 8 TB/s today
+    "link": (0.001, 1e5, "GB/s", False),  # NVLink, PCIe, the network (down to 1 MB/s)
+    "tflops": (0.1, 1e5, "TFLOPS", False),
+    "memory_gib": (1.0, 16384.0, "GiB", False),
+    "memory_bytes": (GIB, 16 * TIB, "bytes", False),
+    "reserve_bytes": (0, 16 * TIB, "bytes", False),  # runtime and NCCL bytes per GPU
+    "price": (0.0, 1e4, "USD per GPU-hour", False),  # 0: a GPU already paid for
+    "gpus_per_node": (1, 1024, "GPUs", False),
+    "tp": (1, 1024, "GPUs", False),
+    "latency_us": (0.0, 1e6, "us", True),  # kernel floors, fixed costs, latencies: below 1 s
+    "power": (1.0, 1e5, "W", False),
+}
+
+
+def _fmt(x: float, unit: str = "") -> str:
+    if unit == "bytes":
+        for name, shift in (("TiB", 40), ("GiB", 30)):
+            if x >= 1 << shift and x % (1 << shift) == 0:
+                return f"{int(x) >> shift} {name}"
+    return f"{x:.0f}" if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
+
+
+def bounds_text(kind: str) -> str:
+    """'1 to 100000 GB/s' (or '0 to below 1000000 us', '1 GiB to 16 TiB')."""
+    lo, hi, unit, open_hi = BOUNDS[kind]
+    tail = "" if unit == "bytes" else f" {unit}"
+    return f"{_fmt(lo, unit)} to {'below ' if open_hi else ''}{_fmt(hi, unit)}{tail}"
+
+
+def within(kind: str, value: float) -> bool:
+    """`value` lies in the physical range of `kind` (NaN, infinities and booleans never do)."""
+    lo, hi, _unit, open_hi = BOUNDS[kind]
+    if isinstance(value, bool):
+        return False
+    try:
+        x = float(value)
+    except (OverflowError, TypeError, ValueError):  # an integer of 400 digits
+        return False
+    return math.isfinite(x) and lo <= x and (x < hi if open_hi else x <= hi)
+
+
+def _shown(value: Any) -> str:
+    """A number as an error line shows it (an integer of 400 digits is not printed whole)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**16:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
+
+
+def _ranged(tp: Any, kind: str) -> Any:
+    """`tp` that must lie in the physical range of `kind`, with the range in the error
+    (checked before coercion too, so 1e20 bytes is out of range, not 'too big an integer')."""
+    def check(value):
+        if isinstance(value, bool):  # pydantic would read true as 1.0
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        if isinstance(value, (int, float)) and not within(kind, value):
+            raise ValueError(f"expected {bounds_text(kind)}, got {_shown(value)}")
+        return value
+    return Annotated[tp, BeforeValidator(check), AfterValidator(check)]
+
+
+Bandwidth = _ranged(float, "bandwidth")
+Link = _ranged(float, "link")
+Tflops = _ranged(float, "tflops")
+Micros = _ranged(float, "latency_us")
+GpusPerNode = _ranged(int, "gpus_per_node")
+ReserveBytes = _ranged(int, "reserve_bytes")
+
+
+def _nccl_checked(table: Any) -> Any:
+    """TP size -> bytes: positive TP sizes, byte counts in the reserve range."""
+    pairs = table.items() if isinstance(table, dict) else table
+    for k, v in pairs:
+        if not within("tp", int(k)):
+            raise ValueError(f"TP size {k!r}: expected {bounds_text('tp')}")
+        if isinstance(v, bool) or not within("reserve_bytes", v):
+            raise ValueError(f"TP {k}: expected {bounds_text('reserve_bytes')}, got {_shown(v)}")
+    return table
+
+
+def first_error(exc: ValidationError) -> str:
+    """'<key>: <what was expected>' for the first error of a validation (pydantic's prefix off)."""
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
 #: fixed costs of GPUs whose profiles do not say (H100's measured values, see docs/profiles.md)
 DEFAULT_KERNEL_FLOOR_US = 2.452
 DEFAULT_TRANSFER_FIXED_US = 5.14
@@ -46,24 +147,24 @@ class SystemSpec(_Frozen):
     gpu: str
     device: str
     sm_version: int | None = None
-    memory_bytes: int
-    memory_bandwidth_gbps: float
+    memory_bytes: _ranged(int, "memory_bytes")
+    memory_bandwidth_gbps: Bandwidth
     #: dtype -> dense tensor-core peak in TFLOPS (bfloat16 always present)
-    peak_tflops: dict[str, float]
-    power_w: float | None = None
-    gpus_per_node: int
-    intra_node_bandwidth_gbps: float
-    inter_node_bandwidth_gbps: float
-    pcie_bandwidth_gbps: float | None = None
-    p2p_latency_us: float | None = None
+    peak_tflops: dict[str, Tflops]
+    power_w: _ranged(float, "power") | None = None
+    gpus_per_node: GpusPerNode
+    intra_node_bandwidth_gbps: Link
+    inter_node_bandwidth_gbps: Link
+    pcie_bandwidth_gbps: Link | None = None
+    p2p_latency_us: Micros | None = None
     #: tensor-parallel size (as a string key) -> bytes NCCL keeps per GPU
-    nccl_memory_bytes: dict[str, int] = {}
+    nccl_memory_bytes: Annotated[dict[str, int], AfterValidator(_nccl_checked)] = {}
     #: framework/runtime bytes reserved per GPU besides weights, KV and NCCL
-    other_memory_bytes: int = 0
+    other_memory_bytes: ReserveBytes = 0
     #: fastest measured kernel on this GPU (µs): the floor of any small kernel
-    kernel_floor_us: float | None = None
+    kernel_floor_us: Micros | None = None
     #: fastest measured 2-GPU NCCL collective (µs): the fixed cost of one send/recv
-    transfer_fixed_us: float | None = None
+    transfer_fixed_us: Micros | None = None
     source: str = ""
 
     def peak(self, dtype: str) -> float:
@@ -85,24 +186,24 @@ class GpuType(_Frozen):
     id: str
     name: str
     aliases: tuple[str, ...] = ()
-    memory_gb: float = Field(gt=0)  # GiB
-    bandwidth_gbps: float = Field(gt=0)
-    bf16_tflops: float = Field(gt=0)
-    fp8_tflops: float = Field(gt=0)
-    price_per_hour: float = Field(ge=0)
+    memory_gb: _ranged(float, "memory_gib")  # GiB
+    bandwidth_gbps: Bandwidth
+    bf16_tflops: Tflops
+    fp8_tflops: Tflops
+    price_per_hour: _ranged(float, "price")
     price_estimated: bool = False  # the catalog's price is our estimate, not a market quote
-    gpus_per_node: int = Field(ge=1)
-    intra_node_gbps: float = Field(gt=0)
-    int8_tflops: float | None = Field(default=None, gt=0)
+    gpus_per_node: GpusPerNode
+    intra_node_gbps: Link
+    int8_tflops: Tflops | None = None
     #: NCCL buffer bytes per GPU by TP size, ((tp, bytes), ...) sorted; a TOML/JSON table is accepted
-    nccl_memory_bytes: tuple[tuple[int, int], ...] = tuple(
+    nccl_memory_bytes: Annotated[tuple[tuple[int, int], ...], AfterValidator(_nccl_checked)] = tuple(
         (int(k), v) for k, v in DEFAULT_NCCL_MEMORY_BYTES.items())
     #: runtime bytes per GPU outside weights/KV/NCCL (CUDA context, graphs, allocator)
-    other_memory_bytes: int = Field(default=DEFAULT_OTHER_MEMORY_BYTES, ge=0)
+    other_memory_bytes: ReserveBytes = DEFAULT_OTHER_MEMORY_BYTES
     #: per-kernel launch floor (µs) of small kernels (elementwise passes)
-    kernel_floor_us: float = Field(default=DEFAULT_KERNEL_FLOOR_US, ge=0)
+    kernel_floor_us: Micros = DEFAULT_KERNEL_FLOOR_US
     #: fixed cost (µs) of one stage-to-stage transfer call (NCCL send/recv)
-    transfer_fixed_us: float = Field(default=DEFAULT_TRANSFER_FIXED_US, ge=0)
+    transfer_fixed_us: Micros = DEFAULT_TRANSFER_FIXED_US
     #: where the physical facts came from
     facts: str = "catalog"
 
@@ -110,7 +211,10 @@ class GpuType(_Frozen):
     @classmethod
     def _nccl_table(cls, v: Any) -> Any:
         if isinstance(v, dict):
-            return tuple(sorted((int(k), int(b)) for k, b in v.items()))
+            try:
+                return tuple(sorted((int(k), int(b)) for k, b in v.items()))
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError("expected a table of TP size = bytes per GPU") from None
         return v
 
     @property
@@ -170,21 +274,38 @@ def facts_from_system(spec: SystemSpec) -> dict[str, Any]:
 
 def read_system_json(path: Path) -> SystemSpec | None:
     """A validated system.json, or None when absent; malformed files are a one-line UserError."""
-    if not path.is_file():
+    got = _read_system(path)
+    return None if got is None else got[0]
+
+
+def _read_system(path: Path) -> tuple[SystemSpec, bytes] | None:
+    """(spec, the bytes it was read from), read once: None when nothing is there; a folder,
+    FIFO, dangling link or out-of-range figure is a one-line error naming the file and key."""
+    from opweave_planner.atomic import printable, read_input
+
+    if not os.path.lexists(path):
         return None
+    data = read_input(path, None, MAX_TABLE_BYTES)
+    where = printable(path)
     try:
-        spec = SystemSpec.model_validate(orjson.loads(path.read_bytes()))
-    except (orjson.JSONDecodeError, ValidationError) as exc:
-        raise UserError(f"{path}: not a valid system.json ({str(exc).splitlines()[0]})") from None
+        spec = SystemSpec.model_validate(orjson.loads(data))
+    except orjson.JSONDecodeError as exc:
+        raise UserError(f"{where}: not a valid system.json ({exc})") from None
+    except ValidationError as exc:
+        raise UserError(f"{where}: not a valid system.json ({first_error(exc)})") from None
     if "bfloat16" not in spec.peak_tflops:
-        raise UserError(f"{path}: peak_tflops needs a 'bfloat16' entry")
-    return spec
+        raise UserError(f"{where}: peak_tflops needs a 'bfloat16' entry")
+    return spec, data
 
 
 class Network(_Frozen):
-    inter_node_gbps: float = Field(default=32.0, gt=0)
-    inter_node_latency_us: float = Field(default=20.0, ge=0)
-    intra_node_latency_us: float = Field(default=10.0, ge=0)
+    inter_node_gbps: Link = 32.0
+    inter_node_latency_us: Micros = 20.0
+    intra_node_latency_us: Micros = 10.0
+
+
+#: the flag that sets each Network field on the command line
+NETWORK_FLAGS = {"inter_node_gbps": "--network-bandwidth", "inter_node_latency_us": "--network-latency"}
 
 
 class Hardware(_Frozen):
@@ -205,33 +326,46 @@ class Hardware(_Frozen):
         raise UserError(f"{field}: unknown GPU '{name}'; expected one of {', '.join(self.ids())}")
 
     def with_network(self, **kw: float | None) -> Hardware:
-        net = self.network.model_copy(update={k: v for k, v in kw.items() if v is not None})
-        Network.model_validate(net.model_dump())
+        """This catalog on another network; a value outside its physical range names its flag."""
+        given = {k: v for k, v in kw.items() if v is not None}
+        try:
+            net = Network.model_validate({**self.network.model_dump(), **given})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = str(err["loc"][0]) if err["loc"] else ""
+            flag = NETWORK_FLAGS.get(key, f"network.{key}")
+            raise UserError(f"{flag}: {str(err['msg']).removeprefix('Value error, ')}") from None
         return self.model_copy(update={"network": net})
 
 
 def read_table_file(path: str | Path, field: str) -> dict[str, Any]:
     """Read a JSON or TOML object; errors name the file and the flag."""
-    from opweave_planner.atomic import read_input
+    return _read_table(path, field)[0]
+
+
+def _read_table(path: str | Path, field: str) -> tuple[dict[str, Any], bytes]:
+    """(object, the bytes it was parsed from): read once, so the digest covers what was parsed."""
+    from opweave_planner.atomic import printable, read_input
 
     p = Path(path)
-    data = read_input(p, field)
+    data = read_input(p, field, MAX_TABLE_BYTES)
+    where = f"{field}: '{printable(path)}'"
+    kind = "TOML" if p.suffix == ".toml" else "JSON"
     try:
-        obj = tomllib.loads(data.decode()) if p.suffix == ".toml" else orjson.loads(data)
-    except (tomllib.TOMLDecodeError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{field}: '{path}' is not valid {'TOML' if p.suffix == '.toml' else 'JSON'} ({exc})") from None
+        obj = tomllib.loads(data.decode()) if kind == "TOML" else orjson.loads(data)
+    except (tomllib.TOMLDecodeError, orjson.JSONDecodeError, ValueError, RecursionError) as exc:  # ValueError:
+        # an integer over Python's 4300-digit conversion limit, or bytes that are not UTF-8
+        raise UserError(f"{where} is not valid {kind} ({exc})") from None
     if not isinstance(obj, dict):
-        raise UserError(f"{field}: '{path}' must hold an object mapping names to values")
-    return obj
+        raise UserError(f"{where} must hold an object mapping names to values")
+    return obj, data
 
 
 def _gpu_from(gid: str, entry: dict[str, Any], where: str) -> GpuType:
     try:
         return GpuType(id=gid.lower(), **entry)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise UserError(f"{where}: gpus.{gid}.{loc}: {err['msg']}") from None
+        raise UserError(f"{where}: gpus.{gid}.{first_error(exc)}") from None
 
 
 def _parse_catalog(obj: dict[str, Any], where: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -252,33 +386,48 @@ def _parse_catalog(obj: dict[str, Any], where: str) -> tuple[dict[str, dict[str,
     return gpus, obj.get("network") or {}
 
 
-def _merge(shipped: dict[str, dict], user: dict[str, dict], root: Path,
-           where: dict[str, str]) -> dict[str, GpuType]:
-    """shipped catalog < profiles' system.json < user catalog, field by field, then validated."""
+def _merge(shipped: dict[str, dict], user: dict[str, dict], root: Path, where: dict[str, str],
+           read: dict[Path, bytes]) -> dict[str, GpuType]:
+    """shipped catalog < profiles' system.json < user catalog, field by field, then validated
+    (a bad value is blamed on the file it came from). `read` collects each system.json's bytes."""
     out = {}
     for gid in [*shipped, *(g for g in user if g not in shipped)]:
         entry = dict(shipped.get(gid, {}))
-        spec = read_system_json(root / gid / "system.json")
-        if spec is not None:
-            entry.update(facts_from_system(spec))
+        sysf = root / gid / "system.json"
+        got = _read_system(sysf)
+        if got is not None:
+            entry.update(facts_from_system(got[0]))
+            read[sysf] = got[1]
         if gid in user:
             entry.update(user[gid])
             if set(user[gid]) - {"name", "aliases", "price_per_hour", "price_estimated"}:
                 entry["facts"] = f"{entry.get('facts', 'catalog')} + --catalog"
-        out[gid] = _gpu_from(gid, entry, where.get(gid, "catalog"))
+        try:
+            out[gid] = GpuType(id=gid.lower(), **entry)
+        except ValidationError as exc:
+            key = str(exc.errors()[0]["loc"][0]) if exc.errors()[0]["loc"] else ""
+            blame = where["--catalog"] if key in user.get(gid, {}) else where.get(gid, "catalog")
+            raise UserError(f"{blame}: gpus.{gid}.{first_error(exc)}") from None
     return out
 
 
 def parse_prices(obj: dict[str, Any], hw_ids: list[str], aliases: dict[str, str], where: str) -> dict[str, float]:
+    """GPU id -> USD per GPU-hour, every price in range (see BOUNDS['price'])."""
+    from opweave_planner.atomic import printable
+
+    where = printable(where)
     prices = {}
     for key, value in obj.items():
         gid = aliases.get(str(key).lower())
         if gid is None:
-            raise UserError(f"--prices: '{where}' has unknown GPU '{key}'; expected one of {', '.join(hw_ids)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise UserError(f"--prices: '{where}' price of '{key}' must be a number (USD per GPU-hour), got {value!r}")
-        if value < 0:
-            raise UserError(f"--prices: '{where}' price of '{key}' must be non-negative, got {value}")
+            raise UserError(f"--prices: '{where}' has unknown GPU '{printable(key)}'; expected one of "
+                            f"{', '.join(hw_ids)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"--prices: '{where}' price of '{printable(key)}' must be a number (USD per GPU-hour), "
+                            f"got {printable(repr(value))[:80]}")
+        if not within("price", value):
+            raise UserError(f"--prices: '{where}' price of '{printable(key)}' must be non-negative and at most "
+                            f"{_fmt(BOUNDS['price'][1])} USD per GPU-hour, got {_shown(value)}")
         prices[gid] = float(value)
     return prices
 
@@ -290,30 +439,39 @@ def load_hardware(catalog: str | None = None, prices: str | None = None,
     A user catalog entry for a known GPU may give only the fields it changes;
     a new GPU needs every field unless `profiles_dir` has its system.json.
     """
+    from opweave_planner.atomic import printable
+
     base_path = shipped_dir("profiles") / "catalog.toml"
-    digest = hashlib.sha256(base_path.read_bytes())
-    shipped, net = _parse_catalog(read_table_file(base_path, "catalog"), str(base_path))
+    obj, data = _read_table(base_path, "catalog")
+    digest = hashlib.sha256(data)
+    shipped, net = _parse_catalog(obj, str(base_path))
     user: dict[str, dict] = {}
     where = {gid: str(base_path) for gid in shipped}
+    net_where = str(base_path)
     if catalog:
-        user, extra_net = _parse_catalog(read_table_file(catalog, "--catalog"), catalog)
-        where.update(dict.fromkeys(user, catalog))
+        obj, data = _read_table(catalog, "--catalog")
+        where["--catalog"] = f"--catalog: '{printable(catalog)}'"
+        user, extra_net = _parse_catalog(obj, where["--catalog"])
+        where.update(dict.fromkeys((g for g in user if g not in shipped), where["--catalog"]))
+        if extra_net:
+            net_where = where["--catalog"]
         net = {**net, **extra_net}
-        digest.update(Path(catalog).read_bytes())
+        digest.update(data)
     root = profiles_root(profiles_dir)
-    gpus = _merge(shipped, user, root, where)
+    read: dict[Path, bytes] = {}
+    gpus = _merge(shipped, user, root, where, read)
     for gid in sorted(gpus):
         sysf = root / gid / "system.json"
-        if sysf.is_file():
-            digest.update(sysf.read_bytes())
+        if sysf in read:
+            digest.update(read[sysf])
     if prices:
+        obj, data = _read_table(prices, "--prices")
         aliases = {a: g.id for g in gpus.values() for a in (g.id, *g.aliases)}
-        for gid, price in parse_prices(read_table_file(prices, "--prices"), list(gpus), aliases, prices).items():
+        for gid, price in parse_prices(obj, list(gpus), aliases, prices).items():
             gpus[gid] = gpus[gid].model_copy(update={"price_per_hour": price, "price_estimated": False})
-        digest.update(Path(prices).read_bytes())
+        digest.update(data)
     try:
         network = Network(**net)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise UserError(f"catalog: network.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise UserError(f"{net_where}: network.{first_error(exc)}") from None
     return Hardware(gpus=tuple(gpus.values()), network=network, sha256=digest.hexdigest())
