@@ -32,7 +32,8 @@ def export_cmd(
     """Write launch scripts / manifests that run a plan on a serving runtime, plus a benchmark.
 
     Exit 0 written, 2 bad input, 3 the runtime cannot run the plan's shape (the reason and a
-    runnable alternative are named).
+    runnable alternative are named). Writes are all or nothing; a file a previous export wrote and
+    this one does not is removed only if it is unchanged (docs/export.md).
     """
     from opweave_planner.export import export_plan
 
@@ -41,5 +42,8 @@ def export_cmd(
                        catalog=catalog)
     alt = f" (alternative {done.alternative})" if done.alternative else ""
     typer.echo(f"{done.target} {done.version}{alt}: wrote {len(done.files)} files to {done.out}", err=True)
+    if done.kept:
+        typer.echo(f"note: kept {', '.join(done.kept)}: the previous export wrote them, but they "
+                   f"have changed since, so they were not removed", err=True)
     for name in done.files:
         typer.echo(name)

@@ -2,16 +2,20 @@
 
 `export_plan(...)` validates the inputs (exit 2 on a bad one), asks the target whether it can run
 the plan's shape (exit 3 with the reason and a runnable alternative), renders every file in
-memory from pinned per-version flag tables, and only then writes the folder: a new folder
-appears whole (renamed into place), an existing one gets each file replaced atomically.
+memory from pinned per-version flag tables, and only then writes the folder, all or nothing: a
+new folder is staged beside its final name and renamed into place; in an existing one every file
+is staged first and then swapped in, the previous files kept until every swap has succeeded.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,13 +26,24 @@ from opweave_planner.export.common import (
     Context,
     alternative_plan,
     alternatives,
+    check_model_id,
+    check_plan_names,
+    check_text,
     hf_repo,
     json_bytes,
     normalise_alternative,
+    printable,
+    shown,
 )
 
 TARGETS = {"vllm": vllm, "sglang": sglang, "dynamo": dynamo, "llm-d": llmd, "vllm-afd": vllm_afd}
 MANIFEST = "export.json"
+MAX_MANIFEST = 1 << 20  # bytes of a previous export.json read (ours are a few KiB)
+MAX_OWN_FILE = 16 << 20  # bytes of a previous file hashed before it is removed (ours are KiB)
+# names an exporter writes (serve-replica-0.sh, values.yaml, ...): no other name is ever removed
+_OWN_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,127}\.(?:sh|yaml|json)")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_STAGE = ".opweave-export-"  # the staging folder's prefix (removed before export returns)
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,7 @@ class Exported:
     out: str
     files: tuple[str, ...]
     alternative: str | None
+    kept: tuple[str, ...] = ()  # files the previous export listed that were changed since: not removed
 
 
 def resolve_version(target: str, version: str | None) -> str:
@@ -52,36 +68,45 @@ def resolve_version(target: str, version: str | None) -> str:
 
 
 def _check_out(out: str) -> Path:
-    """The output folder must be a folder (or not exist yet) under a writable ancestor."""
+    """The output folder must be one the user could mean: a named folder other than the
+    filesystem root, that is a folder (or does not exist yet) under a writable ancestor."""
+    if not isinstance(out, str) or not out.strip():
+        raise UserError("--out: empty; expected the folder to write the launch files into (e.g. deploy/)")
+    check_text(out, "--out", "a folder")
+    real = os.path.realpath(out)
+    if os.path.dirname(real) == real:
+        raise UserError(f"--out: '{printable(out)}' is the filesystem root; expected a folder for the launch "
+                        f"files (e.g. deploy/)")
     p = Path(out)
     if p.exists() and not p.is_dir():
-        raise UserError(f"--out: '{out}' exists and is not a folder")
+        raise UserError(f"--out: '{printable(out)}' exists and is not a folder")
     probe = p
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"--out: '{probe}' is not a writable folder")
+        raise UserError(f"--out: '{printable(str(probe))}' is not a writable folder")
     return p
 
 
-def _load(plan_path: str) -> tuple[Any, dict[str, Any]]:
+def _load(plan_path: str) -> tuple[Any, dict[str, Any], bytes]:
+    """The plan, its raw document and its bytes (read once: the manifest hashes what was read)."""
     import orjson
 
+    from opweave_planner.atomic import read_input
     from opweave_planner.contract import parse_plan
     from opweave_planner.plan import Infeasible, Plan
 
-    p = Path(plan_path)
-    if not p.is_file():
-        raise UserError(f"{plan_path}: plan file does not exist")
+    data = read_input(plan_path, "plan file")
     try:
-        raw = orjson.loads(p.read_bytes())
+        raw = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise UserError(f"{plan_path}: malformed plan: not valid JSON ({exc})") from None
+    check_plan_names(raw, plan_path)
     doc = parse_plan(_without_alternatives(raw), plan_path)
     if isinstance(doc, Infeasible):
         raise UserError(f"{plan_path}: is an infeasibility record ({doc.reason}); there is no plan to export")
     assert isinstance(doc, Plan)
-    return doc, raw
+    return doc, raw, data
 
 
 def _without_alternatives(raw: Any) -> Any:
@@ -95,9 +120,10 @@ def _without_alternatives(raw: Any) -> Any:
 def _labels(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     out = {}
     for pair in pairs:
+        check_text(pair, "--node-label", "GPU=VALUE")
         gid, sep, value = pair.partition("=")
         if not sep or not gid.strip() or not value.strip():
-            raise UserError(f"--node-label: '{pair}' is not GPU=VALUE (e.g. h100=NVIDIA-H100-80GB-HBM3)")
+            raise UserError(f"--node-label: '{shown(pair)}' is not GPU=VALUE (e.g. h100=NVIDIA-H100-80GB-HBM3)")
         out[gid.strip().lower()] = value.strip()
     return out
 
@@ -122,7 +148,10 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
         raise UserError(f"--to: unknown target '{target}'; expected one of {', '.join(TARGETS)}")
     version = resolve_version(target, runtime_version)
     labels = _labels(node_labels)
-    plan, raw = _load(plan_path)
+    check_text(image, "--image", "a container image")
+    if model_id is not None:
+        check_model_id(model_id)
+    plan, raw, plan_data = _load(plan_path)
     base_cost = plan.usd_per_million_tokens
     alt = None
     if alternative is not None:
@@ -135,6 +164,7 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
         if alt_doc is None:
             raise UserError(f"--alternative: {plan_path}'s '{alt}' alternative carries no plan to export; "
                             f"{_replan_advice(alt)}")
+        check_plan_names(alt_doc, plan_path, f"alternatives.{alt}.")
         plan = parse_plan(alt_doc, f"{plan_path} alternatives.{alt}")
     try:
         spec = load_model(model or plan.model)
@@ -145,17 +175,18 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
     if (model is not None and spec is not None and spec.name != plan.model
             and spec.source_sha256 != plan.provenance.model_sha256):  # a renamed copy of the config is fine
         raise UserError(f"--model: {model} is '{spec.name}', but {plan_path} is a plan for '{plan.model}'")
-    mid = model_id or hf_repo(plan.model)
-    if not mid:
-        raise UserError(f"--model-id: model '{plan.model}' is not bundled; pass the Hugging Face repo "
+    mid = model_id if model_id is not None else hf_repo(plan.model)
+    if mid is None:
+        raise UserError(f"--model-id: model '{shown(plan.model)}' is not bundled; pass the Hugging Face repo "
                         f"or weights path to serve")
+    check_model_id(mid, "--model-id" if model_id is not None else f"--model-id (the default for {plan.model})")
     ctx = Context(plan=plan, raw=raw, path=plan_path, target=target, version=version, model_id=mid,
                   spec=spec, hw=load_hardware(catalog), labels=labels, image=image, alternative=alt,
                   base_cost=base_cost)
     for o in plan.owners:
         ctx.gpu(o.gpu)  # a GPU type the catalog lacks is a bad input, named here
     files = TARGETS[target].render(ctx)
-    files[MANIFEST] = _manifest(ctx, files, Path(plan_path).read_bytes())
+    files[MANIFEST] = _manifest(ctx, files, plan_data)
     return ctx, files
 
 
@@ -176,54 +207,168 @@ def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes
     })
 
 
-def write(out: str, files: dict[str, bytes]) -> None:
-    """A new folder appears whole; in an existing one every file is replaced atomically and the
-    files a previous export listed but this one does not are removed."""
-    from opweave_planner.atomic import write_atomic
+def write(out: str, files: dict[str, bytes]) -> tuple[str, ...]:
+    """Write the export all or nothing; returns the files a previous export listed that this one
+    does not write and that were kept because they changed since (only our own are removed)."""
+    from opweave_planner.atomic import _fsync_folder
 
     dest = _check_out(out)
     try:
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+            stage = _stage_dir(dest.parent, f".{dest.name[:64]}.")
             try:
-                for name, data in files.items():
-                    write_atomic(tmp / name, data)
-                    _mode(tmp / name)
-                tmp.chmod(0o755)
-                os.rename(tmp, dest)
+                _write_all(stage, files)
+                os.rename(stage, dest)
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.rmtree(stage, ignore_errors=True)
                 raise
-            return
-        stale = _previous_files(dest) - set(files)
-        for name, data in sorted(files.items(), key=lambda kv: kv[0] == MANIFEST):
-            write_atomic(dest / name, data)
-            _mode(dest / name)
-        for name in sorted(stale):
-            (dest / name).unlink(missing_ok=True)
+            _fsync_folder(dest.parent)
+            return ()
+        return _swap_in(dest, files)
     except OSError as exc:
-        raise UserError(f"--out: cannot write '{out}' ({exc.strerror or exc})") from None
+        raise UserError(f"--out: cannot write '{printable(out)}' ({exc.strerror or exc})") from None
 
 
-def _mode(path: Path) -> None:
-    path.chmod(0o755 if path.suffix == ".sh" else 0o644)
+def _stage_dir(parent: Path, prefix: str) -> Path:
+    """A new private-named folder in `parent` (same filesystem, so renames out of it are atomic),
+    with the permissions a plain mkdir gives."""
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(6)}.tmp"
+        try:
+            os.mkdir(path, 0o777)
+            return path
+        except FileExistsError:
+            continue
 
 
-def _previous_files(dest: Path) -> set[str]:
-    import json
+def _write_all(folder: Path, files: dict[str, bytes]) -> None:
+    """Every file, whole and synced, into a fresh folder; scripts executable (both modes as a plain
+    `open` and `chmod +x` would leave them under the umask)."""
+    for name, data in files.items():
+        mode = 0o777 if name.endswith(".sh") else 0o666
+        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                if n <= 0:
+                    raise OSError(errno.EIO, "short write")
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
+
+def _swap_in(dest: Path, files: dict[str, bytes]) -> tuple[str, ...]:
+    """Stage every file inside `dest`, then swap them in; on any failure put every previous file
+    back as it was. Returns the stale files kept (see `_removable`)."""
+    for name in files:
+        if os.path.isdir(dest / name) and not os.path.islink(dest / name):
+            raise UserError(f"--out: '{printable(str(dest / name))}' is a folder; the export writes a file of "
+                            f"that name")
+    previous = _previous_files(dest)
+    stale = sorted(n for n in previous if n not in files)
+    remove = [n for n in stale if _removable(dest / n, previous[n])]
+    from opweave_planner.atomic import _fsync_folder
+
+    stage = _stage_dir(dest, _STAGE)
+    new, old = stage / "new", stage / "old"
+    restored = False
+    done: list[tuple[str, bool]] = []  # (name, had a previous file) in the order swapped
     try:
-        old = json.loads((dest / MANIFEST).read_text())
-        return {n for n in old.get("files", {}) if isinstance(n, str) and "/" not in n and n != MANIFEST}
-    except (OSError, ValueError, AttributeError):
-        return set()
+        os.mkdir(new)
+        os.mkdir(old)
+        _write_all(new, files)
+        for name in sorted(files, key=lambda n: n == MANIFEST):  # the manifest last
+            had = _keep_previous(dest / name, old / name)
+            done.append((name, had))
+            os.replace(new / name, dest / name)
+        for name in remove:
+            done.append((name, True))
+            os.rename(dest / name, old / name)
+    except BaseException as exc:
+        restored = _restore(dest, old, done)
+        if not restored and isinstance(exc, OSError):
+            raise UserError(f"--out: cannot write '{printable(str(dest))}' ({exc.strerror or exc}); the "
+                            f"previous files are kept in '{printable(str(old))}'") from None
+        raise
+    else:
+        restored = True
+    finally:
+        if restored:
+            shutil.rmtree(stage, ignore_errors=True)
+    _fsync_folder(dest)
+    return tuple(n for n in stale if n not in remove and os.path.lexists(dest / n))
+
+
+def _keep_previous(path: Path, backup: Path) -> bool:
+    """Keep the file being replaced under `backup` (a hard link, so `path` never disappears; a
+    rename where the filesystem has no links); False when there is none."""
+    if not os.path.lexists(path):
+        return False
+    try:
+        os.link(path, backup, follow_symlinks=False)
+    except OSError:
+        os.rename(path, backup)
+    return True
+
+
+def _restore(dest: Path, old: Path, done: list[tuple[str, bool]]) -> bool:
+    """Undo the swaps in reverse: each previous file back under its name, each new one removed.
+    False if any step failed (the previous files then stay in the staging folder, not deleted)."""
+    ok = True
+    for name, had in reversed(done):
+        try:
+            if had and os.path.lexists(old / name):
+                os.replace(old / name, dest / name)
+            elif not had:
+                (dest / name).unlink(missing_ok=True)
+        except OSError:
+            ok = False
+    return ok
+
+
+def _previous_files(dest: Path) -> dict[str, str]:
+    """The files the previous export.json lists, name -> SHA-256, read bounded and leniently: a
+    manifest that is missing, special, huge, malformed or nested too deep lists nothing."""
+    import orjson
+
+    from opweave_planner.atomic import check_input_file
+
+    path = dest / MANIFEST
+    try:
+        check_input_file(path)  # a FIFO or device is never opened
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_MANIFEST + 1)
+        doc = orjson.loads(data) if len(data) <= MAX_MANIFEST else None
+    except (UserError, OSError, orjson.JSONDecodeError, RecursionError):
+        return {}
+    listed = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(listed, dict):
+        return {}
+    return {name: sha for name, sha in listed.items()
+            if isinstance(sha, str) and _SHA256.fullmatch(sha) and _OWN_NAME.fullmatch(name) and name != MANIFEST}
+
+
+def _removable(path: Path, sha: str) -> bool:
+    """A previous file may be removed only if it is still what the tool wrote: a regular file
+    (not a link) whose SHA-256 is the one its manifest recorded."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_OWN_FILE:
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            return hashlib.sha256(fh.read(MAX_OWN_FILE + 1)).hexdigest() == sha
+    except OSError:
+        return False
 
 
 def export_plan(plan_path: str, target: str, out: str, **kw) -> Exported:
     """Check, render and write; returns what was written."""
     _check_out(out)
     ctx, files = build(plan_path, target, **kw)
-    write(out, files)
+    kept = write(out, files)
     return Exported(target=target, version=ctx.version, out=out, files=tuple(sorted(files)),
-                    alternative=ctx.alternative)
+                    alternative=ctx.alternative, kept=kept)

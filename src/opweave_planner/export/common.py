@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from opweave_planner.errors import InfeasibleError, UserError
+from opweave_planner.errors import InfeasibleError, InternalError, UserError
 
 # Hugging Face repositories of the bundled models (models/SOURCES.md; a test keeps them equal).
 # `hf_repo` prefers the model loader's own table where it has one (models/hf_ids.toml).
@@ -145,7 +145,9 @@ class Context:
         budget (weights + KV + activations) is the rest, rounded down to 0.01 and capped at 0.95.
         """
         cap = self.gpu(owner.gpu).memory_bytes
-        reserve = self.plan.search.space.memory_reserve_gb * 2**30
+        space = self.plan.search.space
+        per_gpu = getattr(space, "reserve_gb", None)  # schema 1.5 records each GPU type's own
+        reserve = (per_gpu(owner.gpu) if per_gpu else space.memory_reserve_gb) * 2**30
         return min(0.95, math.floor((cap - reserve) / cap * 100) / 100)
 
     def node_label(self, gid: str) -> str:
@@ -163,6 +165,60 @@ class Context:
         if not name[:1].isalpha():
             name = f"m-{name}"
         return name[:52].rstrip("-")
+
+
+# ----------------------------------------------------------------------------- names where they enter
+
+# A Hugging Face repository id as the Hub accepts one (huggingface_hub's validate_repo_id, ASCII):
+# `org/name`, each part letters, digits, '_', '-', '.', starting and ending with a letter, digit or
+# '_', no '--' or '..', at most 96 characters a part.
+_HF_PART = r"(?!.*(?:--|\.\.))[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_HF_REPO_ID = re.compile(rf"{_HF_PART}/{_HF_PART}")
+MAX_MODEL_ID = 4096  # PATH_MAX
+MODEL_ID_EXPECTED = ("a Hugging Face repo id (org/name: letters, digits, '-', '_', '.') or a weights "
+                     "path (absolute, or starting with ./ or ../)")
+
+
+def check_model_id(mid: Any, field: str = "--model-id") -> str:
+    """The model a script serves: a Hub repo id or a path, so a runtime never reads it as an option,
+    and one printable line, so no script or manifest holding it can be made to say more."""
+    if not isinstance(mid, str) or not mid:
+        raise UserError(f"{field}: empty; expected {MODEL_ID_EXPECTED}")
+    if not mid.isprintable():
+        raise UserError(f"{field}: '{shown(mid)}' holds a control character (a newline, NUL, ...); "
+                        f"expected {MODEL_ID_EXPECTED}")
+    if len(mid) > MAX_MODEL_ID:
+        raise UserError(f"{field}: {len(mid)} characters; expected at most {MAX_MODEL_ID}, "
+                        f"{MODEL_ID_EXPECTED}")
+    if mid.startswith("-"):
+        raise UserError(f"{field}: '{shown(mid)}' starts with '-' (a runtime would read it as an option); "
+                        f"expected {MODEL_ID_EXPECTED}")
+    if mid.startswith(("/", "./", "../")) or (_HF_REPO_ID.fullmatch(mid) and not mid.endswith(".git")):
+        return mid
+    raise UserError(f"{field}: '{shown(mid)}' is not {MODEL_ID_EXPECTED}")
+
+
+def check_text(value: Any, where: str, what: str) -> None:
+    """A name a plan file or an option gives that exports write into comments, manifests or the
+    terminal: one line of printable text (other types are left to the schema's own check)."""
+    if isinstance(value, str) and not value.isprintable():
+        raise UserError(f"{where}: '{shown(value)}' holds a control character (a newline, NUL, ...); "
+                        f"expected {what} as one line of printable text")
+
+
+def check_plan_names(doc: Any, path: str, prefix: str = "") -> None:
+    """The plan's strings that reach the files (model, policy, GPU types), checked on the raw
+    document before anything else reads it; errors name the file and the field (`prefix`: where
+    an alternative's plan sits in the file)."""
+    if not isinstance(doc, dict):
+        return
+    where = f"{path}: {prefix}"
+    check_text(doc.get("model"), f"{where}model", "a model name")
+    check_text(doc.get("policy"), f"{where}policy", "a policy name")
+    owners = doc.get("owners")
+    for i, owner in enumerate(owners if isinstance(owners, list) else []):
+        if isinstance(owner, dict):
+            check_text(owner.get("gpu"), f"{where}owners[{i}].gpu", "a GPU type")
 
 
 def shape_words(plan) -> str:
@@ -245,45 +301,148 @@ def cost_delta(entry: dict[str, Any], base_cost: float | None) -> str:
     return "cost unknown"
 
 
-# ----------------------------------------------------------------------------- rendering helpers
+# ----------------------------------------------------------------------------- the shell writer
+#
+# Every generated script is code people run as root, so it is written from three kinds of line
+# only: comments (`comment`: any text, made one printable line), fixed template lines whose only
+# interpolations are checked integers (`integer`), and commands and assignments whose every word
+# goes through `quote`. `quote` single-quotes any `str` (shlex.quote), so no input string can
+# expand, end a quote or start a new command; the only expansions a script makes are `Var`s, which
+# input never is: exporter code names them, and their names and defaults are plain words.
 
-def shell_command(argv: list[str], indent: str = "  ") -> str:
-    """One argument (or flag with its value) per continued line, every word shell-quoted."""
+_VAR_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+_VAR_TEXT = re.compile(r"[A-Za-z0-9 ._/-]*")  # a `${NAME:-default}` or `${NAME:?message}` argument
+
+
+class Var:
+    """A `${NAME}` (`${NAME:-default}`, `${NAME:?message}`) the script expands on purpose.
+
+    Checked on construction, so even exporter code cannot hide a command substitution in one.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, name: str, default: str | None = None, required: str | None = None) -> None:
+        if not _VAR_NAME.fullmatch(name) or (default is not None and required is not None):
+            raise ValueError(f"not a script variable: {name!r}")
+        op, arg = (":-", default) if default is not None else (":?", required) if required is not None \
+            else ("", "")
+        if not _VAR_TEXT.fullmatch(arg):
+            raise ValueError(f"not a plain default or message: {arg!r}")
+        self.text = "${" + name + op + arg + "}"
+
+    def __repr__(self) -> str:
+        return f"Var({self.text})"
+
+
+class Word(tuple):
+    """One shell word joined from fixed text and `Var`s, e.g. `"http://${HOST}:${PORT}"`."""
+
+    def __new__(cls, *parts: str | Var) -> Word:
+        return super().__new__(cls, parts)
+
+
+ShellWord = str | Var | Word
+_DOUBLE_QUOTED = str.maketrans({c: "\\" + c for c in '\\"$`'})
+
+
+def quote(word: ShellWord) -> str:
+    """The word as bash reads it back unchanged: any `str` single-quoted (it never expands), a
+    `Var` or `Word` double-quoted with everything but its `Var`s escaped."""
+    if isinstance(word, Var):
+        return f'"{word.text}"'
+    if isinstance(word, Word):
+        return '"' + "".join(p.text if isinstance(p, Var) else _plain(p).translate(_DOUBLE_QUOTED)
+                             for p in word) + '"'
+    return shlex.quote(_plain(word))
+
+
+def _plain(text: str) -> str:
+    """A string may become a script word if it is one line of printable text: a NUL cannot be in a
+    script at all, and a control character would hide the word from a reader of the file."""
+    if not isinstance(text, str) or not text.isprintable():
+        raise InternalError(f"generated script: refused the word {printable(str(text))!r}; input "
+                            f"names are checked where they enter")
+    return text
+
+
+def printable(text: str) -> str:
+    """`text` as one line of printable characters: every other character as its escape (`\\n`,
+    `\\x1b`, `\\u2028`), so a name shown in a comment or an error can never start a new line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """A user's value as an error line quotes it: printable, and cut to `limit` characters."""
+    text = printable(text)
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
+
+
+def comment(text: str) -> str:
+    return "# " + printable(text)
+
+
+def integer(value: Any) -> str:
+    """An int for a template line; anything else (a string from a tampered plan) is a bug here."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InternalError(f"generated script: expected an integer, got {type(value).__name__}")
+    return str(value)
+
+
+def number(value: Any) -> str:
+    """A plan figure as a script word: the repr of a real number, never text."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InternalError(f"generated script: expected a number, got {type(value).__name__}")
+    return repr(value)
+
+
+def assign(name: str, value: ShellWord, note: str = "") -> str:
+    """`NAME=value` (`export NAME=value` for a name the runtime reads), quoted like any word."""
+    Var(name)  # the name is checked like a Var's
+    return f"{name}={quote(value)}" + (f"  {comment(note)}" if note else "")
+
+
+def _is_flag(word: ShellWord) -> bool:
+    return isinstance(word, str) and word.startswith("-")
+
+
+def shell_command(argv: list[ShellWord], indent: str = "  ") -> str:
+    """One argument (or flag with its value) per continued line, every word through `quote`."""
     i = 0
-    while i < len(argv) and (not argv[i].startswith("-") or (argv[i] == "-m" and i == 1)):
+    while i < len(argv) and (not _is_flag(argv[i]) or (argv[i] == "-m" and i == 1)):
         i += 1 + (argv[i] == "-m")
-    parts: list[str] = [" ".join(_q(w) for w in argv[:i])] if i else []
+    parts: list[str] = [" ".join(quote(w) for w in argv[:i])] if i else []
     while i < len(argv):
         word = argv[i]
-        if word.startswith("-") and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-            parts.append(f"{shlex.quote(word)} {_q(argv[i + 1])}")
+        if _is_flag(word) and i + 1 < len(argv) and not _is_flag(argv[i + 1]):
+            parts.append(f"{quote(word)} {quote(argv[i + 1])}")
             i += 2
         else:
-            parts.append(_q(word))
+            parts.append(quote(word))
             i += 1
     return (" \\\n" + indent).join(parts)
 
 
-def _q(word: str) -> str:
-    """Quote for bash, but let a `${VAR...}` expansion through inside double quotes."""
-    if "${" in word:
-        return '"' + word.replace('"', '\\"') + '"'
-    return shlex.quote(word)
-
-
 def script(lines: list[str]) -> bytes:
-    return ("#!/usr/bin/env bash\n" + "\n".join(lines).rstrip("\n") + "\n").encode()
+    """The script file; a last check that no line holds a control character (only `quote`d words,
+    `comment`s and template lines reach here, so one would be a bug in this package)."""
+    text = "#!/usr/bin/env bash\n" + "\n".join(lines).rstrip("\n") + "\n"
+    if not all(line.isprintable() for line in text.split("\n")):
+        raise InternalError("generated script: a line holds a control character")
+    return text.encode()
 
 
 def header(ctx: Context, what: str) -> list[str]:
+    """What the script is and which plan it came from, as comments (names made printable)."""
     p = ctx.plan
     alt = f", alternative '{ctx.alternative}'" if ctx.alternative else ""
     return [
-        f"# {what}",
-        f"# Generated by opweave-plan export --to {ctx.target} (runtime {ctx.version}) from {p.model} plan "
-        f"({p.policy}{alt}):",
-        f"#   {p.gpus_total} GPUs, global batch {p.global_batch}, context {p.workload.context_tokens} tokens, "
-        f"predicted TPOT {p.tpot_ms:.6g} ms (SLO {p.workload.tpot_slo_ms:g} ms).",
+        comment(what),
+        comment(f"Generated by opweave-plan export --to {ctx.target} (runtime {ctx.version}) from {p.model} "
+                f"plan ({p.policy}{alt}):"),
+        comment(f"  {integer(p.gpus_total)} GPUs, global batch {integer(p.global_batch)}, context "
+                f"{integer(p.workload.context_tokens)} tokens, predicted TPOT {p.tpot_ms:.6g} ms (SLO "
+                f"{p.workload.tpot_slo_ms:g} ms)."),
         "set -euo pipefail",
     ]
 
@@ -292,14 +451,15 @@ def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
 
 
-_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
 
 
 def to_yaml(obj: Any) -> bytes:
     """Block-style YAML of dicts/lists/scalars, keys in insertion order, strings double-quoted.
 
-    Deterministic and dependency-free; every string is a JSON string literal (valid YAML), so no
-    value is ever re-typed by a YAML reader (`"1"` stays a string, `"on"` is not a boolean).
+    Deterministic and dependency-free; every string is a double-quoted scalar with every
+    non-printable character escaped, so no value is ever re-typed by a YAML reader (`"1"` stays a
+    string, `"on"` is not a boolean) and none can break a line (YAML also breaks at U+2028).
     """
     lines: list[str] = []
     if isinstance(obj, dict):
@@ -311,6 +471,20 @@ def to_yaml(obj: Any) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def _yaml_string(text: str) -> str:
+    """A YAML double-quoted scalar: `\\`, `"` and every non-printable character escaped."""
+    out = []
+    for c in text:
+        if c in '\\"':
+            out.append("\\" + c)
+        elif c.isprintable():
+            out.append(c)
+        else:
+            n = ord(c)
+            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
+    return '"' + "".join(out) + '"'
+
+
 def _yaml_scalar(v: Any) -> str:
     if v is None:
         return "null"
@@ -319,9 +493,9 @@ def _yaml_scalar(v: Any) -> str:
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        return format(v, ".9g")
+        return format(v, ".9g") if math.isfinite(v) else ".nan" if v != v else ".inf" if v > 0 else "-.inf"
     if isinstance(v, str):
-        return json.dumps(v)
+        return _yaml_string(v)
     if isinstance(v, dict) and not v:
         return "{}"
     if isinstance(v, list) and not v:
@@ -330,8 +504,8 @@ def _yaml_scalar(v: Any) -> str:
 
 
 def _yaml_key(k: str) -> str:
-    return k if _PLAIN_KEY.match(k) and k.lower() not in ("true", "false", "null", "yes", "no", "on", "off") \
-        else json.dumps(k)
+    plain = _PLAIN_KEY.fullmatch(k) and k.lower() not in ("true", "false", "null", "yes", "no", "on", "off")
+    return k if plain else _yaml_string(k)
 
 
 def _yaml_map(d: dict, indent: int, lines: list[str]) -> None:
@@ -362,21 +536,32 @@ def _yaml_list(items: list, indent: int, lines: list[str]) -> None:
             lines.append(f"{pad}- {_yaml_scalar(item)}")
 
 
-def compare_tpot_snippet(plan, p50_key: str, p95_key: str, result: str) -> list[str]:
+# The benchmark's comparison, a fixed Python program fed as a quoted here-doc (`<<'EOF'`: nothing in
+# it expands); the figures it compares reach it as quoted arguments, never as program text.
+_HEREDOC_END = "EOF"
+_COMPARE = (
+    "import json, sys",
+    "path, predicted, slo = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])",
+    "with open(path) as fh:",
+    "    lines = [ln for ln in fh.read().splitlines() if ln.strip()]",
+    "r = json.loads(lines[-1])  # a JSON file, or the last record of a JSONL file",
+    "p50, p95 = float(r[{p50!r}]), float(r[{p95!r}])",
+    'print(f"TPOT p50 {{p50:.2f}} ms, p95 {{p95:.2f}} ms; plan predicts {{predicted:.2f}} ms "',
+    '      f"(p50 {{100 * (p50 / predicted - 1):+.1f}} %), SLO {{slo:g}} ms: "',
+    '      f"{{\'met\' if p95 <= slo else \'MISSED\'}} at p95")',
+)
+_RESULT_KEY = re.compile(r"[a-z0-9_]+")
+
+
+def compare_tpot_snippet(plan, p50_key: str, p95_key: str, result: ShellWord) -> list[str]:
     """Bash lines that read the benchmark's JSON result and print measured vs predicted TPOT."""
-    return [
-        f'python3 - "{result}" {plan.tpot_ms!r} {plan.workload.tpot_slo_ms!r} <<\'EOF\'',
-        "import json, sys",
-        "path, predicted, slo = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])",
-        "with open(path) as fh:",
-        "    lines = [ln for ln in fh.read().splitlines() if ln.strip()]",
-        "r = json.loads(lines[-1])  # a JSON file, or the last record of a JSONL file",
-        f"p50, p95 = float(r[{p50_key!r}]), float(r[{p95_key!r}])",
-        'print(f"TPOT p50 {p50:.2f} ms, p95 {p95:.2f} ms; plan predicts {predicted:.2f} ms "',
-        '      f"(p50 {100 * (p50 / predicted - 1):+.1f} %), SLO {slo:g} ms: "',
-        '      f"{\'met\' if p95 <= slo else \'MISSED\'} at p95")',
-        "EOF",
-    ]
+    if not (_RESULT_KEY.fullmatch(p50_key) and _RESULT_KEY.fullmatch(p95_key)):
+        raise InternalError(f"benchmark result keys {p50_key!r}, {p95_key!r} are not plain names")
+    body = [line.format(p50=p50_key, p95=p95_key) for line in _COMPARE]
+    if _HEREDOC_END in body:
+        raise InternalError("the benchmark's here-doc holds its own terminator")
+    argv = ["python3", "-", result, number(plan.tpot_ms), number(plan.workload.tpot_slo_ms)]
+    return [" ".join(quote(w) for w in argv) + f" <<'{_HEREDOC_END}'", *body, _HEREDOC_END]
 
 
 def bench_env(plan) -> list[str]:
@@ -384,13 +569,13 @@ def bench_env(plan) -> list[str]:
     ctx_tokens = plan.workload.context_tokens
     out = min(BENCH_OUTPUT_TOKENS, max(2, ctx_tokens // 2))
     return [
-        'HOST="${HOST:-127.0.0.1}"',
-        f'PORT="${{PORT:-{BASE_PORT}}}"',
-        f'OUTPUT_LEN="${{OUTPUT_LEN:-{out}}}"',
-        f'INPUT_LEN="${{INPUT_LEN:-$(( {ctx_tokens} - OUTPUT_LEN ))}}"',
-        f'CONCURRENCY="${{CONCURRENCY:-{plan.global_batch}}}"  # the plan\'s global batch',
+        assign("HOST", Var("HOST", default="127.0.0.1")),
+        assign("PORT", Var("PORT", default=integer(BASE_PORT))),
+        assign("OUTPUT_LEN", Var("OUTPUT_LEN", default=integer(out))),
+        f'INPUT_LEN="${{INPUT_LEN:-$(( {integer(ctx_tokens)} - OUTPUT_LEN ))}}"',
+        assign("CONCURRENCY", Var("CONCURRENCY", default=integer(plan.global_batch)), "the plan\'s global batch"),
         'NUM_PROMPTS="${NUM_PROMPTS:-$CONCURRENCY}"  # one wave: every request decodes alongside the others',
-        'RESULT_DIR="${RESULT_DIR:-bench-results}"',
+        assign("RESULT_DIR", Var("RESULT_DIR", default="bench-results")),
         'mkdir -p "$RESULT_DIR"',
     ]
 

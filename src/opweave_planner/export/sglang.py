@@ -11,6 +11,7 @@ from opweave_planner.export import vllm as _vllm
 from opweave_planner.export.common import (
     BASE_PORT,
     Context,
+    Word,
     bench_env,
     compare_tpot_snippet,
     header,
@@ -52,11 +53,10 @@ def render(ctx: Context) -> dict[str, bytes]:
                  flags["mem"], f"{min(MAX_STATIC_FRACTION, ctx.memory_fraction(owner)):.2f}"]
         lines = header(ctx, f"SGLang replica {rep.index} of {owner.replicas}: run on {owner.gpu} node "
                             f"{rep.node} (GPUs {rep.cuda_visible_devices}), serves port {port}.")
-        lines += [f"export CUDA_VISIBLE_DEVICES={rep.cuda_visible_devices}",
-                  "exec " + shell_command(argv)]
+        lines += [_vllm.cuda_devices(rep.cuda_visible_devices), "exec " + shell_command(argv)]
         files[f"serve-replica-{rep.index}.sh"] = script(lines)
     if owner.replicas > 1:
-        urls = [f"http://{_vllm.node_host(rep.node)}:{port}" for rep, port in zip(placement, ports)]
+        urls = [_vllm.worker_url(rep.node, port) for rep, port in zip(placement, ports)]
         argv = ["python3", "-m", "sglang_router.launch_router", "--host", "0.0.0.0",
                 "--port", str(BASE_PORT), "--policy", "round_robin", "--worker-urls", *urls]
         lines = header(ctx, f"Router in front of the {owner.replicas} replicas (round robin keeps "
@@ -69,14 +69,16 @@ def render(ctx: Context) -> dict[str, bytes]:
 
 def benchmark(ctx: Context) -> bytes:
     """SGLang's own client (`sglang.benchmark.serving`): p50/p95 TPOT against the plan's."""
+    v = _vllm.BENCH_VARS
+    result = Word(v["RESULT_DIR"], "/tpot.jsonl")
     argv = ["python3", "-m", "sglang.benchmark.serving", "--backend", "sglang",
-            "--host", "${HOST}", "--port", "${PORT}", "--model", ctx.model_id,
-            "--dataset-name", "random", "--random-input-len", "${INPUT_LEN}",
-            "--random-output-len", "${OUTPUT_LEN}", "--random-range-ratio", "1.0",
-            "--num-prompts", "${NUM_PROMPTS}", "--max-concurrency", "${CONCURRENCY}",
-            "--output-file", "${RESULT_DIR}/tpot.jsonl"]
+            "--host", v["HOST"], "--port", v["PORT"], "--model", ctx.model_id,
+            "--dataset-name", "random", "--random-input-len", v["INPUT_LEN"],
+            "--random-output-len", v["OUTPUT_LEN"], "--random-range-ratio", "1.0",
+            "--num-prompts", v["NUM_PROMPTS"], "--max-concurrency", v["CONCURRENCY"],
+            "--output-file", result]
     lines = header(ctx, "Benchmark the deployment with SGLang's own client and compare TPOT with the plan.")
     lines += bench_env(ctx.plan)
     lines.append(shell_command(argv))
-    lines += compare_tpot_snippet(ctx.plan, "median_tpot_ms", "p95_tpot_ms", "${RESULT_DIR}/tpot.jsonl")
+    lines += compare_tpot_snippet(ctx.plan, "median_tpot_ms", "p95_tpot_ms", result)
     return script(lines)

@@ -11,15 +11,22 @@ from __future__ import annotations
 from opweave_planner.export.common import (
     BASE_PORT,
     Context,
+    Var,
+    Word,
+    assign,
     bench_env,
     compare_tpot_snippet,
     header,
+    integer,
     is_colocated,
     refuse,
     script,
     shape_words,
     shell_command,
 )
+
+BENCH_VARS = {name: Var(name) for name in ("HOST", "PORT", "INPUT_LEN", "OUTPUT_LEN", "NUM_PROMPTS",
+                                            "CONCURRENCY", "RESULT_DIR")}
 
 # Same flag names in both pinned releases; kept per version so a rename is a one-line change.
 _SERVE = {
@@ -62,8 +69,18 @@ def replica_ports(owner) -> list[int]:
     return [BASE_PORT] if owner.replicas == 1 else [BASE_PORT + 1 + r for r in range(owner.replicas)]
 
 
-def node_host(node: int) -> str:
-    return "${NODE0_HOST:-127.0.0.1}" if node == 0 else f"${{NODE{node}_HOST:?set NODE{node}_HOST}}"
+def node_host(node: int) -> Var:
+    """Where the router reaches node `node`: `$NODE<n>_HOST`, which node 0 may leave unset."""
+    name = f"NODE{integer(node)}_HOST"
+    return Var(name, default="127.0.0.1") if node == 0 else Var(name, required=f"set {name}")
+
+
+def worker_url(node: int, port: int) -> Word:
+    return Word("http://", node_host(node), f":{integer(port)}")
+
+
+def cuda_devices(devices: str) -> str:
+    return "export " + assign("CUDA_VISIBLE_DEVICES", devices)
 
 
 def render(ctx: Context) -> dict[str, bytes]:
@@ -78,11 +95,10 @@ def render(ctx: Context) -> dict[str, bytes]:
                 *engine_args(ctx, owner, flags)]
         lines = header(ctx, f"vLLM replica {rep.index} of {owner.replicas}: run on {owner.gpu} node "
                             f"{rep.node} (GPUs {rep.cuda_visible_devices}), serves port {port}.")
-        lines += [f"export CUDA_VISIBLE_DEVICES={rep.cuda_visible_devices}",
-                  "exec " + shell_command(argv)]
+        lines += [cuda_devices(rep.cuda_visible_devices), "exec " + shell_command(argv)]
         files[f"serve-replica-{rep.index}.sh"] = script(lines)
     if owner.replicas > 1:
-        urls = [f"http://{node_host(rep.node)}:{port}" for rep, port in zip(placement, ports)]
+        urls = [worker_url(rep.node, port) for rep, port in zip(placement, ports)]
         argv = [ROUTER, "--host", "0.0.0.0", "--port", str(BASE_PORT), "--policy", "round_robin",
                 "--worker-urls", *urls]
         lines = header(ctx, f"Router in front of the {owner.replicas} replicas (round robin keeps "
@@ -96,7 +112,7 @@ def render(ctx: Context) -> dict[str, bytes]:
         lines = header(ctx, f"Instead of serve-replica-*.sh + router.sh: one vLLM server with "
                             f"{owner.replicas} data-parallel engines on {owner.gpu} node 0 (GPUs {devices}), "
                             f"load-balanced by vLLM itself, port {BASE_PORT}.")
-        lines += [f"export CUDA_VISIBLE_DEVICES={devices}", "exec " + shell_command(argv)]
+        lines += [cuda_devices(devices), "exec " + shell_command(argv)]
         files["serve-data-parallel.sh"] = script(lines)
     files["benchmark.sh"] = benchmark(ctx, backend="vllm")
     return files
@@ -112,16 +128,17 @@ def data_parallel_applies(ctx: Context, owner) -> bool:
 
 def benchmark(ctx: Context, backend: str, what: str = "the deployment") -> bytes:
     """`vllm bench serve` at the plan's global batch; prints p50/p95 TPOT against `tpot_ms`."""
+    v = BENCH_VARS
     argv = ["vllm", "bench", "serve", "--backend", backend,
-            "--base-url", "http://${HOST}:${PORT}", "--model", ctx.model_id,
-            "--dataset-name", "random", "--random-input-len", "${INPUT_LEN}",
-            "--random-output-len", "${OUTPUT_LEN}", "--num-prompts", "${NUM_PROMPTS}",
-            "--max-concurrency", "${CONCURRENCY}", "--ignore-eos",
+            "--base-url", Word("http://", v["HOST"], ":", v["PORT"]), "--model", ctx.model_id,
+            "--dataset-name", "random", "--random-input-len", v["INPUT_LEN"],
+            "--random-output-len", v["OUTPUT_LEN"], "--num-prompts", v["NUM_PROMPTS"],
+            "--max-concurrency", v["CONCURRENCY"], "--ignore-eos",
             "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,95",
-            "--save-result", "--result-dir", "${RESULT_DIR}", "--result-filename", "tpot.json"]
+            "--save-result", "--result-dir", v["RESULT_DIR"], "--result-filename", "tpot.json"]
     lines = header(ctx, f"Benchmark {what} with vLLM's own client (vllm bench serve) and compare "
                         "TPOT with the plan.")
     lines += bench_env(ctx.plan)
     lines.append(shell_command(argv))
-    lines += compare_tpot_snippet(ctx.plan, "p50_tpot_ms", "p95_tpot_ms", "${RESULT_DIR}/tpot.json")
+    lines += compare_tpot_snippet(ctx.plan, "p50_tpot_ms", "p95_tpot_ms", Word(v["RESULT_DIR"], "/tpot.json"))
     return script(lines)

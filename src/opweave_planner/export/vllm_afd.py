@@ -17,7 +17,12 @@ from opweave_planner.export.common import (
     BASE_PORT,
     Context,
     Refusal,
+    Var,
+    Word,
+    assign,
+    comment,
     header,
+    integer,
     refuse,
     script,
     shell_command,
@@ -105,11 +110,20 @@ def check(ctx: Context) -> tuple[int, int]:
     return pair
 
 
+_HOST_SLOT = "\x00host\x00"  # where ${AFD_HOST} goes in the JSON (a NUL is in no other value)
+
+
+def additional_config(role: str, ranks: tuple[int, int]) -> Word:
+    """The plugin's `--additional-config` JSON as one word whose only expansion is `${AFD_HOST}`."""
+    afd = {"afd": {"role": role, "connector": CONNECTOR, "host": _HOST_SLOT, "port": AFD_PORT,
+                   "num_attention_ranks": ranks[0], "num_ffn_ranks": ranks[1]}}
+    before, after = json.dumps(afd, separators=(",", ":")).split(json.dumps(_HOST_SLOT))
+    return Word(before + '"', Var("AFD_HOST"), '"' + after)
+
+
 def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: int) -> dict[str, bytes]:
     flags = FLAGS[ctx.version]
-    afd = {"afd": {"role": role, "connector": CONNECTOR, "host": "${AFD_HOST}", "port": AFD_PORT,
-                   "num_attention_ranks": ranks[0], "num_ffn_ranks": ranks[1]}}
-    extra = json.dumps(afd, separators=(",", ":"))
+    extra = additional_config(role, ranks)
     placement = ctx.placement(owner)
     nodes = sorted({r.node for r in placement})
     files = {}
@@ -124,7 +138,7 @@ def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: 
             argv.append(flags["dbo"])
         argv += [flags["extra"], extra]
         if len(nodes) > 1:
-            argv += [flags["dp_local"], str(len(here)), flags["dp_addr"], "${HEAD_ADDRESS}",
+            argv += [flags["dp_local"], str(len(here)), flags["dp_addr"], Var("HEAD_ADDRESS"),
                      flags["dp_rpc"], str(DP_RPC_PORT)]
         if k > 0:
             argv += [flags["headless"], flags["dp_start"], str(here[0].index)]
@@ -133,12 +147,13 @@ def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: 
         lines = header(ctx, f"AFD {role} role, owner {owner.index} ({owner.replicas}x {owner.gpu} "
                             f"TP{owner.tensor_parallel}, {owner.resident_batch} requests per replica = DP rank): "
                             f"node {node} ({k + 1} of {len(nodes)} for this role), GPUs {devices}.")
-        lines += ["# AFD_HOST: the connector's rendezvous address, the same value on both roles.",
-                  'AFD_HOST="${AFD_HOST:-127.0.0.1}"']
+        lines += [comment("AFD_HOST: the connector's rendezvous address, the same value on both roles."),
+                  assign("AFD_HOST", Var("AFD_HOST", default="127.0.0.1"))]
         if len(nodes) > 1:
-            lines.append(f'HEAD_ADDRESS="${{HEAD_ADDRESS:?set HEAD_ADDRESS to node {nodes[0]}}}"')
-        lines += ["export VLLM_USE_V2_MODEL_RUNNER=0  # the plugin supports model runner v1 only",
-                  f"export CUDA_VISIBLE_DEVICES={devices}",
+            lines.append(assign("HEAD_ADDRESS", Var("HEAD_ADDRESS", required="set HEAD_ADDRESS to node "
+                                                                              + integer(nodes[0]))))
+        lines += ["export " + assign("VLLM_USE_V2_MODEL_RUNNER", "0", "the plugin supports model runner v1 only"),
+                  _vllm.cuda_devices(devices),
                   "exec " + shell_command(argv)]
         files[f"{role}-node-{node}.sh"] = script(lines)
     return files

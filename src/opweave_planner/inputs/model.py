@@ -506,8 +506,10 @@ def _repo_id(cache_dir_name: str) -> str:
 
 
 def _cached_ids() -> list[str]:
+    """The repo ids in the hub cache (only printable ones: they are offered in an error line)."""
     try:
-        return sorted(_repo_id(p.name) for p in hf_hub_cache().iterdir() if p.name.startswith("models--"))
+        return sorted(_repo_id(p.name) for p in hf_hub_cache().iterdir()
+                      if p.name.startswith("models--") and p.name.isprintable())
     except OSError:
         return []
 
@@ -515,7 +517,9 @@ def _cached_ids() -> list[str]:
 def _cached_config(repo_id: str) -> Path | None:
     """config.json of `repo_id` in the hub cache: the snapshot refs/main names, else the newest.
 
-    Case-insensitive; ties on mtime are broken by path, so the answer is deterministic.
+    Case-insensitive; ties on mtime are broken by path, so the answer is deterministic. None when
+    the repository is not in the cache; a repository there without a usable config.json (a
+    regular file in a snapshot) is an error that says so, not an unknown model.
     """
     want = ("models--" + repo_id.replace("/", "--")).lower()
     try:
@@ -524,10 +528,7 @@ def _cached_config(repo_id: str) -> Path | None:
         return None
     best: tuple[bool, int, str] | None = None
     for repo in repos:
-        try:
-            main = (repo / "refs" / "main").read_text().strip()
-        except OSError:
-            main = None
+        main = _ref(repo / "refs" / "main")
         try:
             snapshots = list((repo / "snapshots").iterdir())
         except OSError:
@@ -541,7 +542,30 @@ def _cached_config(repo_id: str) -> Path | None:
             except OSError:
                 continue
             best = key if best is None or key > best else best
+    if best is None and repos:
+        raise UserError(f"--model: '{_short(repo_id)}' is in the local Hugging Face cache ({repos[0]}) but no "
+                        f"snapshot of it holds a usable config.json (a regular file); nothing is downloaded: "
+                        f"fetch it again, or give the config.json's path")
     return Path(best[2]) if best else None
+
+
+MAX_REF_BYTES = 4096  # refs/main holds one commit hash
+
+
+def _ref(path: Path) -> str | None:
+    """The revision a cache ref names, None when there is none; read through the input check, so
+    a FIFO or device there is refused in one line instead of blocking the read."""
+    from opweave_planner.atomic import read_input
+
+    if not os.path.lexists(path):
+        return None
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    if size > MAX_REF_BYTES:
+        raise UserError(f"--model: '{path}' is {size} bytes; expected a Hugging Face ref (one commit hash)")
+    return read_input(path, "--model").decode("utf-8", "replace").strip()
 
 
 def _short(text: str) -> str:
@@ -584,6 +608,9 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
         raise UserError(f"--model: empty; expected {_EXPECTED_MODEL}")
     if "\0" in text:
         raise UserError(f"--model: {_short(text)!r} contains a NUL character; expected {_EXPECTED_MODEL}")
+    if not text.isprintable():  # the file's name becomes the model's, written into plans and scripts
+        raise UserError(f"--model: {_short(text)!r} holds a control character (a newline, ...); expected "
+                        f"{_EXPECTED_MODEL} as one line of printable text: rename the file")
     path = Path(text)
     with contextlib.suppress(RuntimeError):  # ~user of an unknown user: taken literally
         path = path.expanduser()
@@ -612,7 +639,11 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
 
 
 def _read(path: Path, where: str) -> bytes:
-    """The file's bytes, refusing anything but a regular file of sane size (never blocks on a FIFO)."""
+    """The file's bytes, refusing anything but a regular file of sane size (never blocks on a FIFO:
+    the input check refuses one by its reason, and the open cannot block if one appears after)."""
+    from opweave_planner.atomic import check_input_file
+
+    check_input_file(path, "--model")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as fh:
