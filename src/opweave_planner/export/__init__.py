@@ -9,7 +9,6 @@ is staged first and then swapped in, the previous files kept until every swap ha
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opweave_planner.atomic import _fsync_folder, printable, read_input, write_fd
 from opweave_planner.errors import UserError
 from opweave_planner.export import dynamo, llmd, sglang, vllm, vllm_afd
 from opweave_planner.export.common import (
@@ -32,7 +32,6 @@ from opweave_planner.export.common import (
     hf_repo,
     json_bytes,
     normalise_alternative,
-    printable,
     shown,
 )
 
@@ -210,8 +209,6 @@ def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes
 def write(out: str, files: dict[str, bytes]) -> tuple[str, ...]:
     """Write the export all or nothing; returns the files a previous export listed that this one
     does not write and that were kept because they changed since (only our own are removed)."""
-    from opweave_planner.atomic import _fsync_folder
-
     dest = _check_out(out)
     try:
         if not dest.exists():
@@ -249,13 +246,7 @@ def _write_all(folder: Path, files: dict[str, bytes]) -> None:
         mode = 0o777 if name.endswith(".sh") else 0o666
         fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                if n <= 0:
-                    raise OSError(errno.EIO, "short write")
-                view = view[n:]
-            os.fsync(fd)
+            write_fd(fd, data)
         finally:
             os.close(fd)
 
@@ -270,8 +261,6 @@ def _swap_in(dest: Path, files: dict[str, bytes]) -> tuple[str, ...]:
     previous = _previous_files(dest)
     stale = sorted(n for n in previous if n not in files)
     remove = [n for n in stale if _removable(dest / n, previous[n])]
-    from opweave_planner.atomic import _fsync_folder
-
     stage = _stage_dir(dest, _STAGE)
     new, old = stage / "new", stage / "old"
     restored = False
@@ -334,15 +323,9 @@ def _previous_files(dest: Path) -> dict[str, str]:
     manifest that is missing, special, huge, malformed or nested too deep lists nothing."""
     import orjson
 
-    from opweave_planner.atomic import check_input_file
-
-    path = dest / MANIFEST
     try:
-        check_input_file(path)  # a FIFO or device is never opened
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_MANIFEST + 1)
-        doc = orjson.loads(data) if len(data) <= MAX_MANIFEST else None
-    except (UserError, OSError, orjson.JSONDecodeError, RecursionError):
+        doc = orjson.loads(read_input(dest / MANIFEST, limit=MAX_MANIFEST))  # never opens a FIFO
+    except (UserError, orjson.JSONDecodeError, RecursionError):
         return {}
     listed = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(listed, dict):
@@ -355,13 +338,10 @@ def _removable(path: Path, sha: str) -> bool:
     """A previous file may be removed only if it is still what the tool wrote: a regular file
     (not a link) whose SHA-256 is the one its manifest recorded."""
     try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_OWN_FILE:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
             return False
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as fh:
-            return hashlib.sha256(fh.read(MAX_OWN_FILE + 1)).hexdigest() == sha
-    except OSError:
+        return hashlib.sha256(read_input(path, limit=MAX_OWN_FILE)).hexdigest() == sha
+    except (OSError, UserError):
         return False
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from opweave_planner.atomic import printable
 from opweave_planner.errors import InfeasibleError, InternalError, UserError
 
 # Hugging Face repositories of the bundled models (models/SOURCES.md; a test keeps them equal).
@@ -184,7 +185,7 @@ def check_model_id(mid: Any, field: str = "--model-id") -> str:
     and one printable line, so no script or manifest holding it can be made to say more."""
     if not isinstance(mid, str) or not mid:
         raise UserError(f"{field}: empty; expected {MODEL_ID_EXPECTED}")
-    if not mid.isprintable():
+    if not clean(mid):
         raise UserError(f"{field}: '{shown(mid)}' holds a control character (a newline, NUL, ...); "
                         f"expected {MODEL_ID_EXPECTED}")
     if len(mid) > MAX_MODEL_ID:
@@ -201,7 +202,7 @@ def check_model_id(mid: Any, field: str = "--model-id") -> str:
 def check_text(value: Any, where: str, what: str) -> None:
     """A name a plan file or an option gives that exports write into comments, manifests or the
     terminal: one line of printable text (other types are left to the schema's own check)."""
-    if isinstance(value, str) and not value.isprintable():
+    if isinstance(value, str) and not clean(value):
         raise UserError(f"{where}: '{shown(value)}' holds a control character (a newline, NUL, ...); "
                         f"expected {what} as one line of printable text")
 
@@ -360,16 +361,16 @@ def quote(word: ShellWord) -> str:
 def _plain(text: str) -> str:
     """A string may become a script word if it is one line of printable text: a NUL cannot be in a
     script at all, and a control character would hide the word from a reader of the file."""
-    if not isinstance(text, str) or not text.isprintable():
+    if not isinstance(text, str) or not clean(text):
         raise InternalError(f"generated script: refused the word {printable(str(text))!r}; input "
                             f"names are checked where they enter")
     return text
 
 
-def printable(text: str) -> str:
-    """`text` as one line of printable characters: every other character as its escape (`\\n`,
-    `\\x1b`, `\\u2028`), so a name shown in a comment or an error can never start a new line."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+def clean(text: str) -> bool:
+    """One line of text a terminal shows as it is: nothing `printable` would escape (no control
+    character, line separator or bidi override)."""
+    return printable(text) == text
 
 
 def shown(text: str, limit: int = 80) -> str:
@@ -427,7 +428,7 @@ def script(lines: list[str]) -> bytes:
     """The script file; a last check that no line holds a control character (only `quote`d words,
     `comment`s and template lines reach here, so one would be a bug in this package)."""
     text = "#!/usr/bin/env bash\n" + "\n".join(lines).rstrip("\n") + "\n"
-    if not all(line.isprintable() for line in text.split("\n")):
+    if not all(clean(line) for line in text.split("\n")):
         raise InternalError("generated script: a line holds a control character")
     return text.encode()
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
+from opweave_planner.atomic import printable
 from opweave_planner.data import shipped_dir
 from opweave_planner.errors import UserError
 
@@ -509,7 +510,7 @@ def _cached_ids() -> list[str]:
     """The repo ids in the hub cache (only printable ones: they are offered in an error line)."""
     try:
         return sorted(_repo_id(p.name) for p in hf_hub_cache().iterdir()
-                      if p.name.startswith("models--") and p.name.isprintable())
+                      if p.name.startswith("models--") and printable(p.name) == p.name)
     except OSError:
         return []
 
@@ -559,13 +560,7 @@ def _ref(path: Path) -> str | None:
 
     if not os.path.lexists(path):
         return None
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        size = 0
-    if size > MAX_REF_BYTES:
-        raise UserError(f"--model: '{path}' is {size} bytes; expected a Hugging Face ref (one commit hash)")
-    return read_input(path, "--model").decode("utf-8", "replace").strip()
+    return read_input(path, "--model", limit=MAX_REF_BYTES).decode("utf-8", "replace").strip()
 
 
 def _short(text: str) -> str:
@@ -608,7 +603,7 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
         raise UserError(f"--model: empty; expected {_EXPECTED_MODEL}")
     if "\0" in text:
         raise UserError(f"--model: {_short(text)!r} contains a NUL character; expected {_EXPECTED_MODEL}")
-    if not text.isprintable():  # the file's name becomes the model's, written into plans and scripts
+    if printable(text) != text:  # the file's name becomes the model's, written into plans and scripts
         raise UserError(f"--model: {_short(text)!r} holds a control character (a newline, ...); expected "
                         f"{_EXPECTED_MODEL} as one line of printable text: rename the file")
     path = Path(text)
@@ -640,10 +635,7 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
 
 def _read(path: Path, where: str) -> bytes:
     """The file's bytes, refusing anything but a regular file of sane size (never blocks on a FIFO:
-    the input check refuses one by its reason, and the open cannot block if one appears after)."""
-    from opweave_planner.atomic import check_input_file
-
-    check_input_file(path, "--model")
+    opened without blocking, then checked on the descriptor)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as fh:
