@@ -171,7 +171,13 @@ def check_writable_folder(path: str | os.PathLike, field: str = "--out", create:
     else:
         try:
             os.makedirs(text, exist_ok=True)
+        except NotADirectoryError:
+            raise UserError(f"{where}: a part of the path is a file, not a folder") from None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UserError(f"{where}: the path goes through a symlink loop") from None
+            if exc.errno == errno.ENAMETOOLONG:
+                raise _too_long(text, where) from None
             raise UserError(f"{where}: cannot create the folder ({exc.strerror or exc})") from None
     real = Path(os.path.realpath(text))
     if not os.access(real, os.W_OK | os.X_OK):

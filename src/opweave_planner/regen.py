@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,7 @@ from typing import Any
 
 import orjson
 
+from opweave_planner.atomic import printable
 from opweave_planner.errors import UserError
 
 # the cross-product axes of an [[entry]] and the PlanRequest field each one sets
@@ -211,8 +214,17 @@ def run_job(job: RegenJob) -> EntryResult:
 
 # ----------------------------------------------------------------------------- matrix
 
+MAX_MATRIX_BYTES = 16 << 20  # a matrix is a few KiB of TOML
+
 def _safe(text: str) -> str:
+    """A file-name part: anything but letters, digits and . + - becomes '-'."""
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-")
+
+
+def _abs(base: Path, value: object) -> str:
+    """`value` relative to the matrix folder, symlinks resolved (os.path.realpath: unlike
+    Path.resolve on 3.11 it never raises on a loop; the input check then names the loop)."""
+    return os.path.realpath(base / str(value))
 
 
 def _list(value: Any, key: str, where: str) -> list:
@@ -231,11 +243,11 @@ def _settings(obj: Any, where: str, base: Path, allowed: tuple[str, ...]) -> dic
     for key, value in obj.items():
         name = ALIASES.get(key, key)
         if name not in allowed:
-            raise UserError(f"{where}: unknown key '{key}'; expected one of {', '.join(allowed)}")
+            raise UserError(f"{where}: unknown key '{printable(key)}'; expected one of {', '.join(allowed)}")
         if name in PATH_SETTINGS:
             if not isinstance(value, str):
                 raise UserError(f"{where}: '{key}' must be a path string")
-            value = str((base / value).resolve())
+            value = _abs(base, value)
         out[name] = value
     return out
 
@@ -269,8 +281,9 @@ def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> lis
     if missing:
         raise UserError(f"{ew}: missing {', '.join(missing)}")
     lists = {k: _list(entry[k], k, ew) for k in axes}
-    if "workloads" in lists:  # files relative to the matrix; an inline law as written
-        lists["contexts"] = [str((base / w).resolve()) if (base / str(w)).is_file() else str(w)
+    if "workloads" in lists:  # files relative to the matrix (anything there: the input check
+        # then says what is wrong with a folder or a FIFO); an inline law as written
+        lists["contexts"] = [_abs(base, w) if os.path.lexists(base / str(w)) else str(w)
                              for w in lists.pop("workloads")]
     rest = {k: v for k, v in entry.items() if k not in axes and k != "space"}
     settings = {**common, **_settings(entry.get("space", {}), f"{ew}: space", base, _settings_keys()),
@@ -281,7 +294,7 @@ def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> lis
             for slo in lists["slos"]:
                 for gpus in lists["gpus"]:
                     for policy in lists["policies"]:
-                        label = f"{ew} ({model}, {ctx}, {slo}, {gpus}, {policy})"
+                        label = printable(f"{ew} ({model}, {ctx}, {slo}, {gpus}, {policy})")
                         length = {"workload": ctx} if "workloads" in entry else {"ctx": ctx}
                         try:
                             req = api.make_request(model=str(model), slo=str(slo), gpus=str(gpus),
@@ -299,15 +312,14 @@ def load_matrix(path: str | Path) -> list[RegenTask]:
     from opweave_planner.atomic import read_input
 
     p = Path(path)
-    where = str(path)
-    data = read_input(p, "--matrix")
+    where = printable(path)
+    data = read_input(p, "--matrix", MAX_MATRIX_BYTES)
     try:
         obj = tomllib.loads(data.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"--matrix: '{path}' is not valid TOML ({exc})") from None
-    except OSError as exc:
-        raise UserError(f"--matrix: '{path}' cannot be read ({exc.strerror})") from None
-    base = p.resolve().parent
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8,
+        # or an integer over Python's 4300-digit conversion limit
+        raise UserError(f"--matrix: '{where}' is not valid TOML ({printable(exc)})") from None
+    base = Path(os.path.realpath(p)).parent
     top = {k: v for k, v in obj.items() if k not in ("space", "entry")}
     common = {**_settings(top, where, base, (*_settings_keys(), "space", "entry")),
               **_settings(obj.get("space", {}), f"{where}: space", base, _settings_keys())}
@@ -329,6 +341,9 @@ def load_matrix(path: str | Path) -> list[RegenTask]:
 
 @dataclass
 class FileChange:
+    """One file's outcome. Its words may come from a worker's error, an old file or the cache
+    record, so they are made printable here, once, for every report (text and JSON)."""
+
     name: str
     status: str  # new | changed | unchanged | removed | failed | stale
     summary: str = ""
@@ -336,6 +351,9 @@ class FileChange:
     kept: bool = False  # the previous placement was kept (hysteresis)
     premium_pct: float | None = None  # previous placement's cost over the new optimum's, %
     note: str = ""  # the hysteresis decision in words
+
+    def __post_init__(self) -> None:
+        self.name, self.summary, self.note = (printable(x) for x in (self.name, self.summary, self.note))
 
 
 @dataclass
@@ -406,7 +424,7 @@ class RegenReport:
         if rest:
             out.append(f"  other: {len(rest)}")
             out.extend(line(f) for f in rest)
-        return out
+        return [printable(x) for x in out]  # the executor's name holds the --ray address
 
 
 def _num(x: float | None) -> float | None:
@@ -436,14 +454,16 @@ def _change_summary(old: bytes, new: bytes) -> tuple[str, str]:
 
 
 def _is_plan_file(path: Path) -> bool:
-    """Only files this tool wrote are ever reported stale or pruned (not any *.json)."""
-    import orjson
-
+    """Only files this tool wrote are ever reported stale or pruned (not any *.json): a plain
+    file (never a link, a FIFO or a folder) that reads as a plan."""
     from opweave_planner.contract import parse_plan
 
+    data = _previous(path)
+    if data is None:
+        return False
     try:
-        parse_plan(orjson.loads(path.read_bytes()), str(path))
-    except (UserError, OSError, orjson.JSONDecodeError):
+        parse_plan(orjson.loads(data), str(path))
+    except (UserError, orjson.JSONDecodeError, RecursionError):
         return False
     return True
 
@@ -452,13 +472,13 @@ def _entry_line(index: int, total: int, change: FileChange, value: bytes | None)
     from opweave_planner.report import entry_line, measured_share
 
     if change.status == "failed":
-        return f"[{index}/{total}] {change.name}: FAILED ({change.summary})"
+        return printable(f"[{index}/{total}] {change.name}: FAILED ({change.summary})")
     doc = orjson_loads(value)
     usd = doc.get("usd_per_million_tokens")
     status = change.status + (f"; {change.note}" if change.note else "")
-    return entry_line(index, total, change.name.removesuffix(".json"), usd, status=status,
-                      measured=measured_share(doc.get("stages") or []), tpot_ms=doc.get("tpot_ms"),
-                      reason=doc.get("reason"))
+    return printable(entry_line(index, total, change.name.removesuffix(".json"), usd, status=status,
+                                measured=measured_share(doc.get("stages") or []), tpot_ms=doc.get("tpot_ms"),
+                                reason=doc.get("reason")))
 
 
 def orjson_loads(data: bytes | None) -> dict:
@@ -474,32 +494,29 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
     `hysteresis` (percent, or text such as '5%'): keep an entry's existing placement while it
     stays feasible and within that share of the new optimum's cost (0: always the optimum).
     """
-    from opweave_planner.atomic import check_writable
+    from opweave_planner.atomic import check_writable_folder
     from opweave_planner.executor import make_executor
-    from opweave_planner.plan import write_atomic
 
     hysteresis = parse_hysteresis(hysteresis)
     tasks = load_matrix(matrix)
     executor = make_executor(jobs, ray, retries)
+    # before any search: --out, the cache record and every entry's file must be writable
+    # plain files inside --out, or this fails now, not after planning everything
+    check_writable_folder(out, "--out")
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out: '{out}' is not a folder")
-    try:  # before any search: a path under a file or a read-only folder fails now, not after
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"--out: cannot create folder '{out}' ({exc.strerror})") from None
-    check_writable(out / ".opweave-regen-probe", "--out")
+    check_own_file(out / CACHE_FILE, "regen's cache record")
+    for t in tasks:
+        check_own_file(out / t.name, f"entry {t.name}")
     changes: dict[int, FileChange] = {}
     cache = _load_cache(out)
     prints = {t.name: fingerprint(t.request, hysteresis) for t in tasks}
     todo = []
     for i, t in enumerate(tasks):  # inputs, code and file as last written: the search would repeat itself
-        seen = cache.get(t.name)
-        if (isinstance(seen, dict) and seen.get("fingerprint") == prints[t.name]
-                and seen.get("sha256") == _file_sha(out / t.name)):
-            note = "; ".join(x for x in (seen.get("note") or "", "inputs unchanged: not re-planned") if x)
-            changes[i] = FileChange(t.name, "unchanged", kept=bool(seen.get("kept")),
-                                    premium_pct=seen.get("premium_pct"), note=note)
+        seen = _record(cache.get(t.name))
+        if seen is not None and seen["fingerprint"] == prints[t.name] and seen["sha256"] == _file_sha(out / t.name):
+            note = "; ".join(x for x in (seen["note"], "inputs unchanged: not re-planned") if x)
+            changes[i] = FileChange(t.name, "unchanged", kept=seen["kept"], premium_pct=seen["premium_pct"],
+                                    note=note)
             if log:
                 log(_entry_line(len(changes), len(tasks), changes[i], _previous(out / t.name)))
         else:
@@ -517,14 +534,15 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
             value = result.value
             decided = {"kept": result.kept, "premium_pct": result.premium_pct, "note": result.note}
             path = out / task.name
-            if path.exists() and not path.is_file():
-                change = FileChange(task.name, "failed", f"'{path}' exists and is not a file")
+            problem = _own_file_problem(path)
+            if problem:  # it changed since the check up front
+                change = FileChange(task.name, "failed", f"'{path}' {problem}")
             else:
-                old = path.read_bytes() if path.is_file() else None
+                old = _previous(path)
                 if old == value:
                     change = FileChange(task.name, "unchanged", **decided)
                 else:
-                    write_atomic(path, value, field="--out")
+                    _write_own(path, value)
                     if old is None:
                         change = FileChange(task.name, "new", **decided)
                     else:
@@ -547,18 +565,72 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
         else:  # exactly the plain regeneration
             executor.map(run_task, run, [t.name for t in run], on_result=finished)
     finally:
-        write_atomic(out / CACHE_FILE, orjson.dumps(cache, option=orjson.OPT_SORT_KEYS), field="--out")
+        _write_own(out / CACHE_FILE, orjson.dumps(cache, option=orjson.OPT_SORT_KEYS))
     files = [changes[i] for i in range(len(tasks))]
     produced = {t.name for t in tasks}
     if out.is_dir():
         for stale in sorted(out.glob("*.json")):
             if stale.name not in produced and _is_plan_file(stale):
                 if prune:
-                    stale.unlink()
+                    try:
+                        stale.unlink()
+                    except OSError as exc:
+                        files.append(FileChange(stale.name, "failed", f"cannot remove ({exc.strerror or exc})"))
+                        continue
                     files.append(FileChange(stale.name, "removed", "not in the matrix"))
                 else:
                     files.append(FileChange(stale.name, "stale", "not in the matrix"))
     return RegenReport(executor.name, len(tasks), files, hysteresis)
+
+
+# ----------------------------------------------------------------------------- files in --out
+#
+# The rule (docs/regen.md): regen writes only plain files directly inside --out and never
+# through a link. A symlink, folder, FIFO or device where its cache record or an entry's
+# file goes is refused up front, before any planning, with one line naming it; a link that
+# appears during the run is replaced itself (write_atomic without following links), so a
+# committed `plans/x.json -> /etc/passwd` can never make regen write outside --out. Existing
+# files are read without following a link and without blocking, and at most MAX_OWN_BYTES.
+
+MAX_OWN_BYTES = 64 << 20  # a plan file or the cache record is far smaller
+
+
+def _own_file_problem(path: Path) -> str | None:
+    """Why regen may not write ``path`` (words after the path), None when it may."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = printable(os.readlink(path))
+        except OSError:
+            target = "?"
+        return (f"is a symlink (to '{target}'); regen writes only plain files inside --out, never through "
+                "a link (remove it)")
+    if not stat.S_ISREG(st.st_mode):
+        from opweave_planner.atomic import kind_of
+
+        return f"exists and is not a file ({kind_of(st.st_mode)}; remove it)"
+    if not os.access(path, os.R_OK | os.W_OK):
+        return "is not readable and writable (permission denied)"
+    return None
+
+
+def check_own_file(path: Path, what: str) -> None:
+    """One line naming ``what`` when regen may not write ``path`` (see the rule above)."""
+    problem = _own_file_problem(path)
+    if problem:
+        raise UserError(f"--out: {what}: '{printable(path)}' {problem}")
+
+
+def _write_own(path: Path, data: bytes) -> None:
+    """Atomically, replacing a link itself rather than writing through it."""
+    from opweave_planner.atomic import write_atomic
+
+    write_atomic(path, data, field="--out", follow_symlinks=False)
 
 
 # what regen last wrote into --out, per file: the entry's input fingerprint and the file's sha256
@@ -591,8 +663,27 @@ def fingerprint(req, hysteresis: float = 0.0) -> str:
                       req.backend)
     parts = [code_hash(), req.model_dump_json(), prov.model_dump_json(), repr(float(hysteresis))]
     if req.workload is not None and Path(req.workload).is_file():
-        parts.append(_file_sha(Path(req.workload)))
+        parts.append(_stream_sha(Path(req.workload)))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _stream_sha(path: Path) -> str:
+    """sha256 of an input of any size (a trace may be gigabytes), read in chunks; a file that
+    cannot be read gives a value no readable file has (planning it then fails anyway)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
+        return "unreadable"
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return "not a regular file"
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return "unreadable"
+    return h.hexdigest()
 
 
 def _file_sha(path: Path) -> str | None:
@@ -601,17 +692,51 @@ def _file_sha(path: Path) -> str | None:
 
 
 def _load_cache(out: Path) -> dict:
+    """The record as written, or {} when it is missing or unreadable (garbage, nested too deep,
+    too big): then every entry is simply re-planned and the record rewritten."""
     data = _previous(out / CACHE_FILE)
     try:
         cache = orjson.loads(data) if data else {}
-    except orjson.JSONDecodeError:
+    except (orjson.JSONDecodeError, RecursionError):
         return {}
     return cache if isinstance(cache, dict) else {}
 
 
+def _record(seen: Any) -> dict | None:
+    """One file's cache record with every field of the type regen wrote, or None. The record
+    may have been edited by anyone who can write --out: its note is shown only made printable,
+    a premium only as a finite number."""
+    if not isinstance(seen, dict):
+        return None
+    fp, sha = seen.get("fingerprint"), seen.get("sha256")
+    if not (isinstance(fp, str) and isinstance(sha, str)):
+        return None
+    pct = seen.get("premium_pct")
+    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or pct != pct or abs(pct) == float("inf"):
+        pct = None
+    note = seen.get("note")
+    return {"fingerprint": fp, "sha256": sha, "kept": seen.get("kept") is True,
+            "premium_pct": None if pct is None else float(pct),
+            "note": printable(note)[:500] if isinstance(note, str) else ""}
+
+
 def _previous(path: Path) -> bytes | None:
-    """The bytes an entry's file holds now (None: no file, or not a readable file)."""
+    """The bytes a file in --out holds now, None when there is none regen could have written:
+    missing, a link, not a regular file (never opened, so a FIFO never blocks), unreadable or
+    over MAX_OWN_BYTES."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
-        return path.read_bytes() if path.is_file() else None
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_OWN_BYTES:
+            return None
+        fd = os.open(path, flags)
+    except (OSError, ValueError):
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
+            data = fh.read(MAX_OWN_BYTES + 1)
     except OSError:
         return None
+    return data if len(data) <= MAX_OWN_BYTES else None
