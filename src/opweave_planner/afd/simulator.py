@@ -35,6 +35,13 @@ import numpy as np
 from numba import njit
 
 from opweave_planner.afd.provisioning import LatencyCoefficients
+from opweave_planner.afd.request import (
+    MAX_BATCH,
+    MAX_BATCHES_IN_FLIGHT,
+    MAX_RATIO,
+    check_count,
+    check_seed,
+)
 from opweave_planner.afd.workload import Workload
 from opweave_planner.errors import UserError
 
@@ -193,38 +200,21 @@ class SimulationResult:
 
 # Bounds on what one run can honour (a bigger count would exhaust memory or run for hours;
 # reject it by name before drawing anything).
-MAX_RATIO = 4096  # attention instances per FFN (the planner's GPU budget bound)
-MAX_BATCH = 1 << 16  # requests per attention microbatch (the planner's batch bound)
-MAX_BATCHES_IN_FLIGHT = 64
 MAX_SIM_REQUESTS = 1 << 23  # requests drawn by one bundle simulation (r x --requests): ~0.5 GB
 MAX_SLOT_STEPS = 1 << 35  # r x requests x mean decode lifetime: about two minutes of kernel time
 MAX_MC_SAMPLES = 1 << 33  # trials x B x sum(r) slot draws of the barrier Monte Carlo: minutes
-MAX_SEED = (1 << 63) - 1
-
-
-def _check_positive_int(name: str, value: int, minimum: int = 1, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or int(value) != value or value < minimum:
-        raise UserError(f"{name}: expected an integer >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise UserError(f"{name}: expected an integer <= {maximum}, got {value}")
-    return int(value)
-
-
-def check_seed(seed: int, name: str = "seed") -> int:
-    """A seed numpy accepts and JSON can carry: 0 <= seed < 2^63."""
-    return _check_positive_int(name, seed, 0, MAX_SEED)
 
 
 def check_bundle_work(r_values, batch: int, batches_in_flight: int, requests_per_instance: int,
                       mean_decode: float, names: dict[str, str] | None = None) -> None:
     """Reject a bundle simulation no run could honour (memory or time), naming the count."""
     n = names or {}
-    batch = _check_positive_int(n.get("batch", "batch size B"), batch, 1, MAX_BATCH)
-    k = _check_positive_int(n.get("k", "batches in flight"), batches_in_flight, 1, MAX_BATCHES_IN_FLIGHT)
-    req = _check_positive_int(n.get("requests", "requests per instance"), requests_per_instance,
+    batch = check_count(n.get("batch", "batch size B"), batch, 1, MAX_BATCH)
+    k = check_count(n.get("k", "batches in flight"), batches_in_flight, 1, MAX_BATCHES_IN_FLIGHT)
+    req = check_count(n.get("requests", "requests per instance"), requests_per_instance,
                               k * batch, MAX_SIM_REQUESTS)
     for r in r_values:
-        r = _check_positive_int(n.get("r", "r"), r, 1, MAX_RATIO)
+        r = check_count(n.get("r", "r"), r, 1, MAX_RATIO)
         if r * req > MAX_SIM_REQUESTS:
             raise UserError(f"{n.get('requests', 'requests per instance')}: r = {r} instances x {req} "
                             f"requests exceeds the {MAX_SIM_REQUESTS} requests one simulation can hold; "
@@ -239,9 +229,9 @@ def check_bundle_work(r_values, batch: int, batches_in_flight: int, requests_per
 def check_mc_work(r_values, batch: int, trials: int, names: dict[str, str] | None = None) -> None:
     """Reject a barrier Monte Carlo no run could honour, naming the count."""
     n = names or {}
-    batch = _check_positive_int(n.get("batch", "batch size B"), batch, 1, MAX_BATCH)
-    trials = _check_positive_int(n.get("trials", "trials"), trials, 1, MAX_MC_SAMPLES)
-    rs = [_check_positive_int(n.get("r", "r"), r, 1, MAX_RATIO) for r in r_values]
+    batch = check_count(n.get("batch", "batch size B"), batch, 1, MAX_BATCH)
+    trials = check_count(n.get("trials", "trials"), trials, 1, MAX_MC_SAMPLES)
+    rs = [check_count(n.get("r", "r"), r, 1, MAX_RATIO) for r in r_values]
     samples = trials * batch * sum(rs)
     if samples > MAX_MC_SAMPLES:
         raise UserError(f"{n.get('trials', 'trials')}: {trials} trials x B = {batch} x sum(r) = {sum(rs)} "
@@ -265,11 +255,11 @@ def simulate_bundle(
     Requests are drawn up front with ``numpy.random.default_rng(seed)`` so that a seed fixes
     the result regardless of the compiled kernel.
     """
-    r = _check_positive_int("r", r)
-    batch = _check_positive_int("batch size B", batch)
-    k = _check_positive_int("batches in flight", batches_in_flight)
+    r = check_count("r", r)
+    batch = check_count("batch size B", batch)
+    k = check_count("batches in flight", batches_in_flight)
     slots = k * batch
-    n = _check_positive_int("requests per instance", requests_per_instance, slots)
+    n = check_count("requests per instance", requests_per_instance, slots)
     check_bundle_work([r], batch, k, n, workload.mean_decode)
     seed = check_seed(seed)
     if start not in ("stationary", "cold"):
@@ -330,13 +320,13 @@ def barrier_overhead_mc(
     Each worker's load ``T_j`` sums ``B`` independent stationary slot loads (as in Table 1);
     the denominator is the sample mean of all ``T_j``, which shares the draws' noise.
     """
-    batch = _check_positive_int("batch size B", batch)
-    trials = _check_positive_int("trials", trials)
+    batch = check_count("batch size B", batch)
+    trials = check_count("trials", trials)
     check_mc_work(np.asarray(r_values).ravel().tolist(), batch, trials)
     rng = np.random.default_rng(check_seed(seed))
     out = []
     for r in np.asarray(r_values).ravel():
-        r = _check_positive_int("r", r)
+        r = check_count("r", r)
         per_trial = r * batch
         step = max(1, chunk_slots // per_trial)
         max_sum = 0.0

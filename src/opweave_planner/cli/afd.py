@@ -1,7 +1,8 @@
 """`opweave-plan afd`: attention/FFN ratio rules and the bundle simulator.
 
-Only typer and the standard library are imported here; numpy, numba and the afd modules
-are imported inside the commands so that `opweave-plan --help` stays fast.
+Every option is generated from the request models of `afd/request.py` (`cli/options.py`), so a
+setting is declared once. Only typer, pydantic and the standard library load at import; numpy,
+numba and the afd modules are imported inside the commands so that `opweave-plan --help` stays fast.
 """
 
 from __future__ import annotations
@@ -9,22 +10,15 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, get_args
+from typing import Annotated
 
 import typer
 
-MAX_RATIO = 4096  # = afd.simulator.MAX_RATIO (kept here so --help needs no numpy)
-MAX_BATCH = 1 << 16  # = afd.simulator.MAX_BATCH
-_FLAGS = {"batch": "--batch", "k": "--batches-in-flight", "requests": "--requests", "r": "--r",
-          "trials": "--trials"}
-_COEF_KEYS = ("alpha_a", "beta_a", "alpha_f", "beta_f", "alpha_c", "beta_c")
-_CAL_KEYS = ("model", "attn_gpu", "ffn_gpu", "attn_tp", "ffn_tp", "ep", "ctx", "profiles", "backend")
+from opweave_planner.afd.request import AfdSetup, RatioRequest, SimulateRequest
+from opweave_planner.cli.options import all_settings, build, flag, with_settings
 
-
-def _pick(args: dict, keys: tuple[str, ...]) -> dict:
-    """The subset of a command's arguments one setup step needs (both commands share them)."""
-    return {k: args[k] for k in keys}
-
+# how the simulator's work checks name the counts: their flags
+_COUNTS = {"batch": "batch", "k": "batches_in_flight", "requests": "requests", "r": "r", "trials": "trials"}
 
 app = typer.Typer(
     add_completion=False,
@@ -33,57 +27,6 @@ app = typer.Typer(
     help="Attention-FFN disaggregation: provision the rA-1F ratio under stochastic workloads.",
 )
 
-_COEF_HELP = "(default: the paper's Section 5.2 value)"
-Batch = Annotated[int, typer.Option("--batch", "-B", help="Requests per attention microbatch B.")]
-AlphaA = Annotated[float | None, typer.Option(help=f"Attention time per token {_COEF_HELP}.")]
-BetaA = Annotated[float | None, typer.Option(help=f"Attention fixed time {_COEF_HELP}.")]
-AlphaF = Annotated[float | None, typer.Option(help=f"FFN time per request {_COEF_HELP}.")]
-BetaF = Annotated[float | None, typer.Option(help=f"FFN fixed time {_COEF_HELP}.")]
-AlphaC = Annotated[
-    float | None, typer.Option(help=f"A<->F transfer time per request {_COEF_HELP}.")
-]
-BetaC = Annotated[float | None, typer.Option(help=f"A<->F transfer fixed time {_COEF_HELP}.")]
-PromptMean = Annotated[float, typer.Option(help="Mean prompt length (parametric workload).")]
-PromptDist = Annotated[
-    str, typer.Option(help="Prompt length law: geometric (on 1,2,...) or fixed.")
-]
-DecodeMean = Annotated[
-    float, typer.Option(help="Mean decode lifetime in steps (parametric workload).")
-]
-DecodeDist = Annotated[
-    str, typer.Option(help="Decode lifetime law: geometric (on 1,2,...) or fixed.")
-]
-Trace = Annotated[
-    Path | None,
-    typer.Option(
-        "--trace",
-        help="Request trace (Azure, BurstGPT, Vidur or prompt_tokens,output_tokens CSV, Mooncake JSONL, "
-             "or a prompt,decode CSV); replaces the parametric workload.",
-    ),
-]
-_CAL = "Calibrate the coefficients from profiles"
-Model = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        "-m",
-        help=f"{_CAL} for this model (instead of --alpha-*/--beta-*).",
-    ),
-]
-AttnGpu = Annotated[str | None, typer.Option("--attn-gpu", help="GPU of attention instances.")]
-FfnGpu = Annotated[
-    str | None, typer.Option("--ffn-gpu", help="GPU of the FFN instance (default: --attn-gpu).")
-]
-AttnTp = Annotated[int | None, typer.Option("--attn-tp", help="TP degree per attention instance.")]
-FfnTp = Annotated[int | None, typer.Option("--ffn-tp", help="TP degree of the FFN instance.")]
-Ep = Annotated[bool, typer.Option("--ep", help="MoE experts split across the FFN's TP group.")]
-Ctx = Annotated[
-    str | None, typer.Option("--ctx", help="Largest per-request context sampled (default 32k).")
-]
-ProfilesDir = Annotated[
-    str | None, typer.Option("--profiles", help="Profile folder (default: shipped).")
-]
-Backend = Annotated[str | None, typer.Option("--backend", help="Profile backend (vllm).")]
 JsonOut = Annotated[
     bool, typer.Option("--json", help="Print JSON (sorted keys) instead of tables.")
 ]
@@ -108,112 +51,41 @@ def _unit_note(console, unit: str) -> None:
                       "(the paper's defaults are cycles)")
 
 
-def _parse_ratios(text: str, integers: bool) -> list:
-    from opweave_planner.errors import UserError
-
-    kind = "positive integers" if integers else "positive numbers"
-    values = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            value = int(part) if integers else float(part)
-        except ValueError:
-            raise UserError(f"--r: expected comma-separated {kind}, got {part!r}") from None
-        if not 0 < value < float("inf"):
-            raise UserError(f"--r: expected comma-separated {kind}, got {part!r}")
-        if value > MAX_RATIO:
-            raise UserError(f"--r: {part} attention instances per FFN is above the {MAX_RATIO} a "
-                            f"bundle can have")
-        values.append(value)
-    if not values:
-        raise UserError(f"--r: expected comma-separated {kind}")
-    return values
-
-
-def _calibrate(calib: dict, coefs: dict, batch: int, max_ratio: int):
-    """Profile calibration from the --model options, or None when --model is absent."""
-    from opweave_planner.errors import UserError
-
-    flags = {
-        "--attn-gpu": calib["attn_gpu"],
-        "--ffn-gpu": calib["ffn_gpu"],
-        "--attn-tp": calib["attn_tp"],
-        "--ffn-tp": calib["ffn_tp"],
-        "--ep": calib["ep"] or None,
-        "--ctx": calib["ctx"],
-        "--profiles": calib["profiles"],
-        "--backend": calib["backend"],
-    }
-    given = [k for k, v in flags.items() if v is not None]
-    if calib["model"] is None:
-        if given:
-            raise UserError(f"{', '.join(given)}: only apply with --model (profile calibration)")
-        return None
-    explicit = ["--" + k.replace("_", "-") for k, v in coefs.items() if v is not None]
-    if explicit:
-        raise UserError(
-            f"--model and {', '.join(explicit)}: give the coefficients directly or calibrate "
-            "them from profiles, not both"
-        )
-    if calib["attn_gpu"] is None:
-        raise UserError("--model: also give --attn-gpu (and --ffn-gpu if it differs)")
-    from opweave_planner.afd.calibrate import calibrate_from_profiles
-    from opweave_planner.api import parse_tokens
-
-    return calibrate_from_profiles(
-        calib["model"],
-        calib["attn_gpu"],
-        calib["ffn_gpu"] or calib["attn_gpu"],
-        attn_tp=calib["attn_tp"] or 1,
-        ffn_tp=calib["ffn_tp"] or 1,
-        moe_ep=calib["ep"],
-        context=parse_tokens(calib["ctx"] or "32k", "--ctx"),
-        batch=batch,
-        max_ratio=max_ratio,
-        profiles_dir=calib["profiles"],
-        backend=calib["backend"] or "vllm",
-    )
-
-
-def _setup(
-    batch,
-    coefs: dict,
-    prompt_mean,
-    prompt_dist,
-    decode_mean,
-    decode_dist,
-    trace,
-    calib: dict | None = None,
-    max_ratio: int = 32,
-):
-    """Validate shared options and build (coefficients, workload, calibration or None)."""
+def _setup(req: AfdSetup, max_ratio: int):
+    """(coefficients, workload, calibration or None) of a validated request."""
     from opweave_planner.afd.provisioning import PAPER_SECTION_52, LatencyCoefficients
-    from opweave_planner.afd.workload import DistKind, LengthDist, ParametricWorkload, load_trace
-    from opweave_planner.errors import UserError
+    from opweave_planner.afd.workload import LengthDist, ParametricWorkload, load_trace
 
-    if not 1 <= batch <= MAX_BATCH:
-        raise UserError(f"--batch: expected an integer in [1, {MAX_BATCH}], got {batch}")
-    cal = _calibrate(calib, coefs, batch, max_ratio) if calib is not None else None
-    if cal is not None:
+    cal = None
+    if req.model is not None:
+        from opweave_planner.afd.calibrate import calibrate_from_profiles
+
+        cal = calibrate_from_profiles(
+            req.model, req.attn_gpu, req.ffn_gpu or req.attn_gpu, attn_tp=req.attn_tp, ffn_tp=req.ffn_tp,
+            moe_ep=req.ep, context=req.context, batch=req.batch, max_ratio=max_ratio,
+            profiles_dir=req.profiles, backend=req.backend)
         coef = cal.coefficients
     else:
-        values = {k: (PAPER_SECTION_52[k] if v is None else v) for k, v in coefs.items()}
-        coef = LatencyCoefficients(**values)
-    if trace is not None:
-        workload = load_trace(trace)
+        coef = LatencyCoefficients(**{k: (PAPER_SECTION_52[k] if v is None else v)
+                                      for k, v in req.coefficients().items()})
+    if req.trace is not None:
+        workload = load_trace(Path(req.trace))
     else:
-        laws = []
-        for flag, kind, mean in (("--prompt-mean", prompt_dist, prompt_mean),
-                                 ("--decode-mean", decode_dist, decode_mean)):
-            if kind not in get_args(DistKind):  # name the law's own flag, not the mean's
-                raise UserError(f"{flag.replace('-mean', '-dist')}: expected {' or '.join(get_args(DistKind))}, "
-                                f"got {kind!r}")
-            try:
-                laws.append(LengthDist(kind, mean))
-            except UserError as exc:
-                raise UserError(f"{flag}: {exc}") from None
-        workload = ParametricWorkload(*laws)
+        workload = ParametricWorkload(LengthDist(req.prompt_dist, req.prompt_mean),
+                                      LengthDist(req.decode_dist, req.decode_mean))
     return coef, workload, cal
+
+
+def _console(req: AfdSetup, cal):
+    """The console, with the calibration and unit lines every table starts with; and the unit."""
+    from opweave_planner.report import console as wide_console
+
+    console = wide_console()
+    unit = time_unit(cal, req.coefficients())
+    if cal is not None:
+        _print_calibration(console, cal)
+    _unit_note(console, unit)
+    return console, unit
 
 
 def _print_calibration(console, cal) -> None:
@@ -299,63 +171,26 @@ def _ratio_report(coef, workload, batch, ratios) -> dict:
 
 
 @app.command()
-def ratio(
-    r: Annotated[
-        str, typer.Option("--r", help="Ratios for the table, comma-separated.")
-    ] = "1,2,4,8,16,24,32",
-    batch: Batch = 256,
-    alpha_a: AlphaA = None,
-    beta_a: BetaA = None,
-    alpha_f: AlphaF = None,
-    beta_f: BetaF = None,
-    alpha_c: AlphaC = None,
-    beta_c: BetaC = None,
-    prompt_mean: PromptMean = 100.0,
-    prompt_dist: PromptDist = "geometric",
-    decode_mean: DecodeMean = 500.0,
-    decode_dist: DecodeDist = "geometric",
-    trace: Trace = None,
-    model: Model = None,
-    attn_gpu: AttnGpu = None,
-    ffn_gpu: FfnGpu = None,
-    attn_tp: AttnTp = None,
-    ffn_tp: FfnTp = None,
-    ep: Ep = False,
-    ctx: Ctx = None,
-    profiles: ProfilesDir = None,
-    backend: Backend = None,
-    json: JsonOut = False,
-) -> None:
+@with_settings(all_settings(model=RatioRequest), model=RatioRequest, first=True)
+def ratio(json: JsonOut = False, settings: dict | None = None) -> None:
     """Optimal attention/FFN ratio: r*_mf with its regime, r*_G, and a table over r."""
-    args = dict(locals())
-    ratios = _parse_ratios(r, integers=False)
-    coef, workload, cal = _setup(
-        batch,
-        _pick(args, _COEF_KEYS),
-        prompt_mean,
-        prompt_dist,
-        decode_mean,
-        decode_dist,
-        trace,
-        _pick(args, _CAL_KEYS),
-        max_ratio=max(1, math.ceil(max(ratios))),
-    )
-    report = _ratio_report(coef, workload, batch, ratios)
+    req = build(RatioRequest, settings)
+    ratios = list(req.r)
+    coef, workload, cal = _setup(req, max_ratio=max(1, math.ceil(max(ratios))))
+    report = _ratio_report(coef, workload, req.batch, ratios)
     if cal is not None:
         report["calibration"] = cal.as_dict()
     if json:
         _emit_json(report)
         return
+    console, unit = _console(req, cal)
+    _header(console, coef, workload, req.batch, unit)
+    _render_ratio(console, report, unit)
+
+
+def _render_ratio(console, report: dict, unit: str) -> None:
     from rich.table import Table
 
-    from opweave_planner.report import console as _console
-
-    console = _console()
-    unit = time_unit(cal, _pick(args, _COEF_KEYS))
-    if cal is not None:
-        _print_calibration(console, cal)
-    _unit_note(console, unit)
-    _header(console, coef, workload, batch, unit)
     mf, g = report["mean_field"], report["gaussian"]
     console.print(f"mu_A = {report['mu_a']:.6g} {unit}, sigma_A = {report['sigma_a']:.6g} {unit}")
     console.print(
@@ -389,146 +224,90 @@ def ratio(
 
 
 @app.command()
-def simulate(
-    r: Annotated[
-        str, typer.Option("--r", help="Attention instances per FFN, comma-separated integers.")
-    ] = ("1,2,4,8,16,24,32"),
-    batch: Batch = 256,
-    alpha_a: AlphaA = None,
-    beta_a: BetaA = None,
-    alpha_f: AlphaF = None,
-    beta_f: BetaF = None,
-    alpha_c: AlphaC = None,
-    beta_c: BetaC = None,
-    prompt_mean: PromptMean = 100.0,
-    prompt_dist: PromptDist = "geometric",
-    decode_mean: DecodeMean = 500.0,
-    decode_dist: DecodeDist = "geometric",
-    trace: Trace = None,
-    model: Model = None,
-    attn_gpu: AttnGpu = None,
-    ffn_gpu: FfnGpu = None,
-    attn_tp: AttnTp = None,
-    ffn_tp: FfnTp = None,
-    ep: Ep = False,
-    ctx: Ctx = None,
-    profiles: ProfilesDir = None,
-    backend: Backend = None,
-    requests: Annotated[
-        int, typer.Option(help="Completed requests per attention instance.")
-    ] = 10_000,
-    seed: Annotated[
-        int, typer.Option(help="Random seed; the same seed gives the same output.")
-    ] = 0,
-    batches_in_flight: Annotated[
-        int, typer.Option(help="Batches cycling through A and F (paper: 2).")
-    ] = 2,
-    start: Annotated[
-        str, typer.Option(help="Initial slots: stationary or cold (all fresh).")
-    ] = "stationary",
-    mc: Annotated[
-        bool, typer.Option("--mc", help="Monte Carlo barrier overhead (Table 1) instead.")
-    ] = False,
-    trials: Annotated[int, typer.Option(help="Monte Carlo trials per r (with --mc).")] = 50_000,
-    json: JsonOut = False,
-) -> None:
+@with_settings(all_settings(model=SimulateRequest), model=SimulateRequest, first=True)
+def simulate(json: JsonOut = False, settings: dict | None = None) -> None:
     """Simulate the rA-1F bundle for each r (with --mc: the barrier Monte Carlo instead)."""
-    args = dict(locals())
-    from opweave_planner.errors import UserError
-
-    ratios = _parse_ratios(r, integers=True)
+    req = build(SimulateRequest, settings)
     from opweave_planner.afd import simulator as sim
 
-    sim.check_seed(seed, "--seed")
-    if mc:
-        sim.check_mc_work(ratios, batch, trials, _FLAGS)
-    elif not 1 <= batches_in_flight <= sim.MAX_BATCHES_IN_FLIGHT:
-        raise UserError(f"--batches-in-flight: expected an integer in [1, {sim.MAX_BATCHES_IN_FLIGHT}], "
-                        f"got {batches_in_flight}")
-    coef, workload, cal = _setup(
-        batch,
-        _pick(args, _COEF_KEYS),
-        prompt_mean,
-        prompt_dist,
-        decode_mean,
-        decode_dist,
-        trace,
-        _pick(args, _CAL_KEYS),
-        max_ratio=max(ratios),
-    )
-    from opweave_planner.afd import provisioning as pv
-
-    if not mc:
-        sim.check_bundle_work(ratios, batch, batches_in_flight, requests, workload.mean_decode, _FLAGS)
-    if mc:
-        got = sim.barrier_overhead_mc(workload, batch, ratios, trials=trials, seed=seed)
-        clt = pv.barrier_overhead(batch, workload.theta, workload.nu, ratios)
-        report = {
-            "batch": batch,
-            "workload": workload.describe(),
-            "seed": seed,
-            "trials": trials,
-            "rows": [
-                {"r": k, "mc": float(a), "clt": float(b)} for k, a, b in zip(ratios, got, clt)
-            ],
-        }
-    else:
-        rows = []
-        for k in ratios:
-            res = sim.simulate_bundle(
-                coef,
-                workload,
-                k,
-                batch,
-                requests,
-                seed=seed,
-                batches_in_flight=batches_in_flight,
-                start=start,
-            )
-            rows.append(res.as_dict())
-        best = max(rows, key=lambda row: row["throughput_per_instance"])
-        report = {
-            "batch": batch,
-            "coefficients": coef.as_dict(),
-            "workload": workload.describe(),
-            "seed": seed,
-            "requests_per_instance": requests,
-            "batches_in_flight": batches_in_flight,
-            "start": start,
-            "results": rows,
-            "best_r": best["r"],
-            "r_mf": pv.optimal_ratio_mf(coef, batch, workload.theta).r,
-            "r_g": pv.optimal_ratio_gaussian(coef, batch, workload.theta, workload.nu).r,
-        }
+    ratios = list(req.r)
+    names = {key: flag(SimulateRequest, name) for key, name in _COUNTS.items()}
+    if req.mc:
+        sim.check_mc_work(ratios, req.batch, req.trials, names)
+    coef, workload, cal = _setup(req, max_ratio=max(ratios))
+    if not req.mc:
+        sim.check_bundle_work(ratios, req.batch, req.batches_in_flight, req.requests, workload.mean_decode, names)
+    report = _mc_report(req, workload, ratios) if req.mc else _bundle_report(req, coef, workload, ratios)
     if cal is not None:
         report["calibration"] = cal.as_dict()
     if json:
         _emit_json(report)
         return
-    from rich.table import Table
-
-    from opweave_planner.report import console as _console
-
-    console = _console()
-    unit = time_unit(cal, _pick(args, _COEF_KEYS))
-    if cal is not None:
-        _print_calibration(console, cal)
-    _unit_note(console, unit)
+    console, unit = _console(req, cal)
     w = workload.describe()
     console.print(
-        f"workload: theta = {w['theta']:.4g}, nu^2 = {w['nu2']:.6g}; B = {batch}; seed = {seed}"
+        f"workload: theta = {w['theta']:.4g}, nu^2 = {w['nu2']:.6g}; B = {req.batch}; seed = {req.seed}"
     )
-    if mc:
-        table = Table("r (A per F)", "MC overhead", "CLT overhead", "difference (pp)")
-        for row in report["rows"]:
-            table.add_row(
-                str(row["r"]),
-                f"{100 * row['mc']:.2f}%",
-                f"{100 * row['clt']:.2f}%",
-                f"{100 * (row['mc'] - row['clt']):+.2f}",
-            )
-        console.print(table)
-        return
+    (_render_mc if req.mc else _render_bundle)(console, report, unit)
+
+
+def _mc_report(req: SimulateRequest, workload, ratios: list[int]) -> dict:
+    """The barrier Monte Carlo against the CLT overhead, per r."""
+    from opweave_planner.afd import provisioning as pv
+    from opweave_planner.afd import simulator as sim
+
+    got = sim.barrier_overhead_mc(workload, req.batch, ratios, trials=req.trials, seed=req.seed)
+    clt = pv.barrier_overhead(req.batch, workload.theta, workload.nu, ratios)
+    return {
+        "batch": req.batch,
+        "workload": workload.describe(),
+        "seed": req.seed,
+        "trials": req.trials,
+        "rows": [{"r": k, "mc": float(a), "clt": float(b)} for k, a, b in zip(ratios, got, clt)],
+    }
+
+
+def _bundle_report(req: SimulateRequest, coef, workload, ratios: list[int]) -> dict:
+    """One bundle simulation per r, the best simulated r and both ratio rules."""
+    from opweave_planner.afd import provisioning as pv
+    from opweave_planner.afd import simulator as sim
+
+    rows = [sim.simulate_bundle(coef, workload, k, req.batch, req.requests, seed=req.seed,
+                                batches_in_flight=req.batches_in_flight, start=req.start).as_dict()
+            for k in ratios]
+    best = max(rows, key=lambda row: row["throughput_per_instance"])
+    return {
+        "batch": req.batch,
+        "coefficients": coef.as_dict(),
+        "workload": workload.describe(),
+        "seed": req.seed,
+        "requests_per_instance": req.requests,
+        "batches_in_flight": req.batches_in_flight,
+        "start": req.start,
+        "results": rows,
+        "best_r": best["r"],
+        "r_mf": pv.optimal_ratio_mf(coef, req.batch, workload.theta).r,
+        "r_g": pv.optimal_ratio_gaussian(coef, req.batch, workload.theta, workload.nu).r,
+    }
+
+
+def _render_mc(console, report: dict, unit: str) -> None:
+    from rich.table import Table
+
+    table = Table("r (A per F)", "MC overhead", "CLT overhead", "difference (pp)")
+    for row in report["rows"]:
+        table.add_row(
+            str(row["r"]),
+            f"{100 * row['mc']:.2f}%",
+            f"{100 * row['clt']:.2f}%",
+            f"{100 * (row['mc'] - row['clt']):+.2f}",
+        )
+    console.print(table)
+
+
+def _render_bundle(console, report: dict, unit: str) -> None:
+    from rich.table import Table
+
     table = Table(
         "r (A per F)",
         f"throughput (tokens/{_per(unit)}/inst)",
