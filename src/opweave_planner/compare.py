@@ -23,8 +23,11 @@ opweave can use any single type, so its ratio to the best homogeneous plan is
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opweave_planner.errors import UserError
 from opweave_planner.executor import make_executor
@@ -64,6 +67,82 @@ def network_grid(latencies_us: Sequence[float], bandwidths_gbps: Sequence[float]
 
 
 _label_tokens = units.label_tokens
+
+
+def _with_trailing_unit(items: list[Any], letters: str) -> list[Any]:
+    """A unit written once at the end ("1,2,4GBps") applies to every bare item."""
+    unit = re.search(rf"[{letters}]+\s*$", str(items[-1])) if items else None
+    if unit is None:
+        return items
+    has_unit = letters.replace("/", "")  # "GB/s" ends in a unit; a lone "/" is not one
+    return [x if re.search(rf"[{has_unit}]", str(x)) else f"{x}{unit.group(0)}" for x in items]
+
+
+class CompareRequest(BaseModel):
+    """The grid `compare` sweeps, each setting once (the CLI's options are generated from it).
+
+    The names are PlanRequest's (model, ctx, slo, gpus) where compare takes a list of that
+    setting; every other setting is a PlanRequest field shared by all cells.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(description="Bundled model name or a Hugging Face config.json",
+                       json_schema_extra={"flags": ["--model", "-m"]})
+    ctx: tuple[int, ...] = Field(("8k", "32k", "128k"), validate_default=True, description=(
+        "Context lengths, comma-separated; with --workload, the --scale-ctx targets"))
+    slo: tuple[float, ...] = Field(("25ms", "60ms"), validate_default=True,
+                                   description="TPOT SLOs with units, comma-separated: 25ms,60ms")
+    gpus: str | None = Field(None, description=(
+        "GPU types: h100, h100,l40s or h100,a100 (several types also compares against homogeneous "
+        "opweave); default: every profiled type"))
+    policies: tuple[str, ...] = Field(POLICY_ORDER, validate_default=True, description="Policies to run")
+    network_latency: tuple[float, ...] = Field((), description=(
+        "Sweep inter-node latency: 5us,20us,50us,200us,500us"))
+    network_bandwidth: tuple[float, ...] = Field((), description="Sweep inter-node bandwidth: 1,2,4,8,16,32GBps")
+    network_cross: bool = Field(False, description=(
+        "Sweep the latency x bandwidth cross product instead of one at a time"))
+
+    @field_validator("ctx", mode="before")
+    @classmethod
+    def _contexts(cls, v: Any) -> tuple[int, ...]:
+        out = tuple(units.parse_tokens(c, "--ctx") for c in split_list(v))
+        if not out:
+            raise UserError("--ctx: expected at least one context length, e.g. 8k,32k")
+        return out
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slos(cls, v: Any) -> tuple[float, ...]:
+        out = tuple(float(s) if isinstance(s, (int, float)) else units.parse_duration_ms(s, "--slo")
+                    for s in split_list(v))
+        if not out:
+            raise UserError("--slo: expected at least one SLO, e.g. 25ms,60ms")
+        return out
+
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _policies(cls, v: Any) -> tuple[str, ...]:
+        pols = tuple(dict.fromkeys(split_list(v)))
+        if not pols:
+            raise UserError("--policies: expected at least one of " + ", ".join(POLICY_ORDER))
+        for p in pols:
+            if p not in POLICY_ORDER:
+                raise UserError(f"--policies: unknown policy '{p}'; expected one of {', '.join(POLICY_ORDER)}")
+        return pols
+
+    @field_validator("network_latency", mode="before")
+    @classmethod
+    def _latencies(cls, v: Any) -> tuple[float, ...]:
+        return tuple(parse_latency_us(x) for x in _with_trailing_unit(split_list(v), "A-Za-zµ"))
+
+    @field_validator("network_bandwidth", mode="before")
+    @classmethod
+    def _bandwidths(cls, v: Any) -> tuple[float, ...]:
+        return tuple(parse_bandwidth_gbps(x) for x in _with_trailing_unit(split_list(v), "A-Za-z/"))
+
+    def networks(self) -> list[tuple[float | None, float | None]] | None:
+        return network_grid(self.network_latency, self.network_bandwidth, cross=self.network_cross)
 
 
 def _f(x: Any) -> float | None:
@@ -131,15 +210,21 @@ def executor_label(jobs: int, ray_address: str | None) -> str:
 
 def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | float], gpus: str | None = None,
             policies: Sequence[str] = POLICY_ORDER,
-            networks: Sequence[tuple[float | None, float | None]] | None = None,
-            jobs: int = 1, homogeneous: bool = True, ray_address: str | None = None, retries: int = 1,
-            progress: Callable[[str], None] | None = None, cache: dict | None = None,
-            **settings) -> dict[str, Any]:
+            networks: Sequence[tuple[float | None, float | None]] | None = None, **kw) -> dict[str, Any]:
+    """`compare_grid` of the request these lists make (`networks`: (GB/s, latency us) pairs)."""
+    req = CompareRequest(model=model, ctx=contexts, slo=slos, gpus=gpus, policies=policies)
+    return compare_grid(req, networks, **kw)
+
+
+def compare_grid(req: CompareRequest, networks: Sequence[tuple[float | None, float | None]] | None = None,
+                 jobs: int = 1, homogeneous: bool = True, ray_address: str | None = None, retries: int = 1,
+                 progress: Callable[[str], None] | None = None, cache: dict | None = None,
+                 **settings) -> dict[str, Any]:
     """Run every policy for every (context, SLO[, network]) cell; return plain data.
 
-    `networks` is a list of (GB/s, latency us) pairs (None = planner default);
-    every policy is re-optimized for each. With several GPU types in `gpus` and
-    opweave among the policies, homogeneous opweave is also run per type
+    `networks` is a list of (GB/s, latency us) pairs (None = planner default; by default the
+    request's own sweep); every policy is re-optimized for each. With several GPU types in
+    `gpus` and opweave among the policies, homogeneous opweave is also run per type
     (`homogeneous=False` skips it). Extra keyword arguments are PlanRequest
     settings (max_owners, batches, max_gpus, catalog, prices, profiles, ...).
     `cache` (a dict the caller keeps) memoizes outcomes by PlanRequest across calls, e.g. to reuse the
@@ -147,18 +232,9 @@ def compare(model: str, contexts: Sequence[str | int], slos: Sequence[str | floa
     """
     from opweave_planner import api
 
-    pols = list(dict.fromkeys(split_list(policies)))
-    if not pols:
-        raise UserError("--policies: expected at least one of " + ", ".join(POLICY_ORDER))
-    for p in pols:
-        if p not in POLICY_ORDER:
-            raise UserError(f"--policies: unknown policy '{p}'; expected one of {', '.join(POLICY_ORDER)}")
-    ctx_list = [api.parse_tokens(c) for c in split_list(contexts)]
-    slo_list = [float(s) if isinstance(s, (int, float)) else api.parse_duration_ms(s) for s in split_list(slos)]
-    if not ctx_list:
-        raise UserError("--ctx: expected at least one context length, e.g. 8k,32k")
-    if not slo_list:
-        raise UserError("--slo: expected at least one SLO, e.g. 25ms,60ms")
+    model, gpus, pols = req.model, req.gpus, list(req.policies)
+    ctx_list, slo_list = list(req.ctx), list(req.slo)
+    networks = req.networks() if networks is None else networks
     nets = list(networks) if networks else [(None, None)]
     # with a workload, each context is the stationary mean the trace is rescaled to (--scale-ctx)
     traffic = settings.get("workload") is not None

@@ -1,7 +1,8 @@
 """`opweave-plan compare`: every policy for every (context, SLO[, network]) cell.
 
-Only typer and the standard library are imported at module import time; the
-search, rich and (optionally) matplotlib are imported inside the command.
+Its options are generated from `compare.CompareRequest` (the swept settings) and `PlanRequest`
+(the rest). Only typer, pydantic and the standard library are imported at module import time;
+the search, rich and (optionally) matplotlib are imported inside the command.
 Register with `app.command("compare")(compare_cmd)`.
 """
 
@@ -13,7 +14,8 @@ from typing import Any
 
 import typer
 
-from opweave_planner.cli.options import all_settings, with_settings
+from opweave_planner.cli.options import all_settings, build, with_settings
+from opweave_planner.compare import CompareRequest
 
 INFEASIBLE = "✗"
 
@@ -158,30 +160,20 @@ def plot_compare(result: dict[str, Any], path: str) -> None:
         plt.close(fig)
 
 
-# compare sweeps these itself (lists / one-at-a-time network grids); every other setting is shared
-SWEPT = ("model", "slo", "ctx", "gpus", "policy", "network_bandwidth", "network_latency")
+# compare sweeps these itself (CompareRequest's lists and network grids; `policy` as --policies);
+# every other PlanRequest setting is shared by all cells
+SWEPT = (*(n for n in all_settings(model=CompareRequest) if n in all_settings()), "policy")
 
 
+@with_settings(all_settings(model=CompareRequest), model=CompareRequest, into="sweep", first=True)
 @with_settings(all_settings(exclude=SWEPT))
 def compare_cmd(
-    model: str = typer.Option(..., "--model", "-m", help="Bundled model name or a Hugging Face config.json"),
-    context: str = typer.Option(None, "--ctx", help="Context lengths, comma-separated (default 8k,32k,128k); "
-                                                   "with --workload, the --scale-ctx targets"),
-    slo: str = typer.Option("25ms,60ms", "--slo", help="TPOT SLOs with units, comma-separated: 25ms,60ms"),
-    gpus: str = typer.Option(None, "--gpus", help="GPU types: h100, h100,l40s or h100,a100 (several types also "
-                                                  "compares against homogeneous opweave); default: every profiled type"),
-    policies: str = typer.Option("opweave,colocated,afd,cad", "--policies", help="Policies to run"),
-    network_latency: str = typer.Option(None, "--network-latency",
-                                        help="Sweep inter-node latency: 5us,20us,50us,200us,500us"),
-    network_bandwidth: str = typer.Option(None, "--network-bandwidth",
-                                          help="Sweep inter-node bandwidth: 1,2,4,8,16,32GBps"),
-    network_cross: bool = typer.Option(False, "--network-cross",
-                                       help="Sweep the latency x bandwidth cross product instead of one at a time"),
     as_json: bool = typer.Option(False, "--json", help="Emit the comparison as one JSON document"),
     plot: str = typer.Option(None, "--plot", help="Also draw grouped bars to this image file (needs matplotlib)"),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Independent searches run in parallel processes (same result as 1)"),
     ray: str = typer.Option(None, "--ray", help="Run the searches on a Ray cluster: ADDRESS, 'auto' or 'local' (needs the ray extra)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr"),
+    sweep: dict | None = None,  # CompareRequest's settings, from with_settings
     settings: dict | None = None,  # every other PlanRequest setting, from with_settings
 ) -> None:
     """Compare opweave against colocated, AFD and CAD for every context and SLO (Figures 9-14)."""
@@ -196,37 +188,18 @@ def compare_cmd(
     settings = {k: v for k, v in (settings or {}).items() if v is not None}
     if settings.get("workload") is not None and "scale_ctx" in settings:
         # with a workload each compared context is a --scale-ctx target: one flag, not two
-        if context is not None:
+        if sweep["ctx"] is not None:
             raise UserError("--scale-ctx / --ctx: with --workload, compare rescales the trace to each --ctx "
                             "value; give the targets as --ctx only")
-        context = str(settings.pop("scale_ctx"))
-    context = "8k,32k,128k" if context is None else context
-
-    lat: list[float] = []
-    # a unit written once at the end ("1,2,4GBps") applies to every item
-    bw_items = cmp.split_list(network_bandwidth)
-    if bw_items:
-        import re
-
-        unit = re.search(r"[A-Za-z/]+\s*$", bw_items[-1])
-        bw_items = [x if re.search(r"[A-Za-z]", x) or not unit else x + unit.group(0) for x in bw_items]
-    bw = [cmp.parse_bandwidth_gbps(x) for x in bw_items]
-    lat_items = cmp.split_list(network_latency)
-    if lat_items:
-        import re
-
-        unit = re.search(r"[A-Za-zµ]+\s*$", lat_items[-1])
-        lat_items = [x if re.search(r"[A-Za-zµ]", x) or not unit else x + unit.group(0) for x in lat_items]
-        lat = [cmp.parse_latency_us(x) for x in lat_items]
-    nets = cmp.network_grid(lat, bw, cross=network_cross)
+        sweep = {**sweep, "ctx": str(settings.pop("scale_ctx"))}
+    req = build(CompareRequest, sweep)
     start = time.perf_counter()
 
     def progress(msg: str) -> None:
         if not quiet:  # one line per search, terminal or not (CI logs see progress too)
             print(msg, file=sys.stderr, flush=True)
 
-    result = cmp.compare(model, context, slo, gpus=gpus, policies=policies, networks=nets, jobs=jobs, ray_address=ray,
-                         progress=progress, **settings)
+    result = cmp.compare_grid(req, jobs=jobs, ray_address=ray, progress=progress, **settings)
     if plot:
         plot_compare(result, plot)
     if as_json:
