@@ -196,3 +196,25 @@ def test_calibrated_tables_are_in_microseconds(monkeypatch):
 def test_given_coefficients_are_in_their_own_unit(monkeypatch):
     out = _table_text(["ratio", "--alpha-a", "1", "--r", "2"], monkeypatch)
     assert "tau_mf (t)" in out and "the unit of the --alpha-*/--beta-* values given" in out
+
+
+def test_every_option_is_a_field_of_the_commands_request():
+    """Each setting is declared once, on its request model; the CLI adds only --json."""
+    from typer.main import get_command
+
+    from opweave_planner.afd.request import RatioRequest, SimulateRequest
+
+    commands = get_command(app).commands
+    for name, model in (("ratio", RatioRequest), ("simulate", SimulateRequest)):
+        assert {p.name for p in commands[name].params} == {*model.model_fields, "json"}
+
+
+def test_the_request_validates_without_the_cli():
+    from opweave_planner.afd.request import SimulateRequest
+
+    req = SimulateRequest(r="1,2", context="8k", model="llama-3.1-8b", attn_gpu="h100")
+    assert req.r == (1, 2) and req.context == 8192 and req.attn_tp == 1
+    with pytest.raises(UserError, match="--ctx: only apply with --model"):
+        SimulateRequest(context="8k")
+    with pytest.raises(UserError, match="--attn-tp: expected an integer >= 1"):
+        SimulateRequest(model="llama-3.1-8b", attn_gpu="h100", attn_tp=0)

@@ -147,3 +147,31 @@ def test_parallel_executor_gives_identical_result(small):
     """Independent searches run through the shared executor; 2 processes == in-process."""
     again = compare("llama-3.1-8b", ["8k"], ["3.5ms", "60ms"], gpus="h100", jobs=2, **SMALL)
     assert dumps(again) == dumps(small)
+
+
+def test_every_option_is_a_field_of_a_request():
+    """compare's options are CompareRequest's fields and PlanRequest's unswept ones, each once."""
+    import typer
+    from typer.main import get_command
+
+    from opweave_planner.cli.compare import SWEPT, compare_cmd
+    from opweave_planner.compare import CompareRequest
+    from opweave_planner.inputs.request import PlanRequest
+
+    app = typer.Typer()
+    app.command("compare")(compare_cmd)
+    app.command("noop")(lambda: None)
+    names = [p.name for p in get_command(app).commands["compare"].params]
+    assert len(names) == len(set(names))
+    own = {"as_json", "plot", "jobs", "ray", "quiet"}
+    assert set(names) == {*CompareRequest.model_fields, *(set(PlanRequest.model_fields) - set(SWEPT)), *own}
+
+
+def test_compare_request_shares_a_trailing_unit():
+    from opweave_planner.compare import CompareRequest
+
+    req = CompareRequest(model="m", network_bandwidth="1,2,100Gbps", network_latency="5,0.5ms", ctx="8k")
+    assert req.network_bandwidth == (0.125, 0.25, 12.5) and req.network_latency == (5000.0, 500.0)  # "5" takes the ms too
+    assert req.ctx == (8192,) and CompareRequest(model="m").ctx == (8192, 32768, 131072)
+    with pytest.raises(UserError, match="--policies: unknown policy 'pd'"):
+        CompareRequest(model="m", policies="opweave,pd")

@@ -44,7 +44,7 @@ def test_traits_agree_with_what_the_builder_emits(name):
         assert bool(op.gemm) == (t.kernel == Kernel.GEMM), op.name
         assert (op.kv_bytes(1 << 20) > 0) == (t.kv != KvRule.NONE), op.name
         assert t.shard != Shard.EVEN or not op.gemm, op.name
-        assert t.core == (op.ctx_flops > 0 or op.state_bytes > 0), op.name
+        assert t.core == (op.context_flops > 0 or op.state_bytes > 0), op.name
 
 
 def test_operator_side_reads_plan_names():

@@ -506,7 +506,7 @@ def curves(mi: ModelInputs, gpus: Sequence[GpuParams], lo: int, hi: int,
         for b in gpus[i + 1:]:
             het[f"{a.id}+{b.id}"] = [g_het(mi.m_kv(s), mi.p_act, [a.alpha, b.alpha], [a.gamma, b.gamma])
                                      for s in grid]
-    return {"ctx": grid, "g_hom": hom, "g_het": het}
+    return {"context": grid, "g_hom": hom, "g_het": het}
 
 
 def plot_gains(mi: ModelInputs, gpus: Sequence[GpuParams], lo: int, hi: int, path: str) -> None:
@@ -525,7 +525,7 @@ def plot_gains(mi: ModelInputs, gpus: Sequence[GpuParams], lo: int, hi: int, pat
     ax = axes[0][0]
     for k, g in enumerate(gpus):
         color = f"C{k}"
-        ax.plot(data["ctx"], data["g_hom"][g.id], color=color, label=f"{g.id} (TP{mi.tp})")
+        ax.plot(data["context"], data["g_hom"][g.id], color=color, label=f"{g.id} (TP{mi.tp})")
         bound = g_hom_bound(g.memory, mi.m_weights)
         if math.isfinite(bound):
             ax.axhline(bound, color=color, linestyle="--", linewidth=1)
@@ -540,7 +540,7 @@ def plot_gains(mi: ModelInputs, gpus: Sequence[GpuParams], lo: int, hi: int, pat
         for i, a in enumerate(gpus):
             for b in gpus[i + 1:]:
                 color = f"C{k}"
-                ax.plot(data["ctx"], data["g_het"][f"{a.id}+{b.id}"], color=color, label=f"{a.id}+{b.id}")
+                ax.plot(data["context"], data["g_het"][f"{a.id}+{b.id}"], color=color, label=f"{a.id}+{b.id}")
                 ax.axhline(g_het_bound(eta(a.beta, a.flops, b.beta, b.flops)), color=color,
                            linestyle="--", linewidth=1)
                 s_peak = pair_summary(mi, a, b)["s_star_ctx"]

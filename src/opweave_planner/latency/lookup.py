@@ -110,10 +110,10 @@ class _Kernels:
         code = interp.FITTED if self.ps is not None else self.fallback
         return lat, np.full(b.shape, code, np.int8)
 
-    def attention(self, b, nh, nkv, hd, ctx, window):
+    def attention(self, b, nh, nkv, hd, context, window):
         if self.ps is not None:
-            return interp.decode_attention(self.ps, b, nh, nkv, hd, ctx, window)
-        kv = min(ctx, window) if window else ctx
+            return interp.decode_attention(self.ps, b, nh, nkv, hd, context, window)
+        kv = min(context, window) if window else context
         return self._roof(rf.attention_work(b, nh, nkv, hd, kv), b, attention=True)
 
     def memory_pass(self, b, nbytes, flops):
@@ -240,25 +240,25 @@ _PASSES = {
 }
 
 
-def _gemms(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
+def _gemms(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b) -> list:
     return [kern.gemm(b, n, k, _gemm_dtype(op)) for n, k in sharded_gemms(op, par.tp)]
 
 
-def _attention(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
-    return [kern.attention(b, *sharded_attention(op, par.tp), ctx, op.attention.window or 0)]
+def _attention(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b) -> list:
+    return [kern.attention(b, *sharded_attention(op, par.tp), context, op.attention.window or 0)]
 
 
-def _state(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
+def _state(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b) -> list:
     shard = _state_shard(op, par.tp)
     return [kern.memory_pass(b, 2.0 * op.state_bytes / shard, op.flops / shard)]
 
 
-def _latent(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
+def _latent(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b) -> list:
     # the latent cache is shared by all heads, so it is replicated across TP
-    return [kern.memory_pass(b, op.kv_bytes(ctx), op.ctx_flops * ctx / par.tp)]
+    return [kern.memory_pass(b, op.kv_bytes(context), op.context_flops * context / par.tp)]
 
 
-def _moe(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b) -> list:
+def _moe(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b) -> list:
     f = op.mlp
     ep, etp = (par.tp, 1) if par.moe_ep else (1, par.tp)
     lat, src = kern.moe(b, seq.model.hidden_size, f.expert_intermediate, f.top_k, f.n_experts, etp, ep, _moe_dtype(op))
@@ -267,7 +267,7 @@ def _moe(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx
 
 
 _COSTS = {
-    Kernel.GATHER: lambda kern, op, seq, par, ctx, b: [],  # the gather is its elementwise pass
+    Kernel.GATHER: lambda kern, op, seq, par, context, b: [],  # the gather is its elementwise pass
     Kernel.GEMM: _gemms,
     Kernel.ATTENTION: _attention,
     Kernel.STATE: _state,
@@ -277,10 +277,10 @@ _COSTS = {
 }
 
 
-def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, ctx: int, b):
+def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b):
     """(latency µs, source) arrays over microbatch sizes `b` for one operator on one GPU."""
     traits = op.traits
-    parts = _COSTS[traits.kernel](kern, op, seq, par, ctx, b)
+    parts = _COSTS[traits.kernel](kern, op, seq, par, context, b)
     for nbytes in elementwise_bytes(op, seq, par.tp):
         parts.append(kern.elementwise(b, nbytes))
     if traits.allreduce_after:

@@ -187,7 +187,7 @@ class Operator:
     active_params: float  # parameters touched per request (routed experts: top-k share)
     weight_bytes: float  # resident bytes (tied lm_head still needs its copy)
     flops: float  # FLOPs per request, context-independent part
-    ctx_flops: float = 0.0  # FLOPs per request per attended context token
+    context_flops: float = 0.0  # FLOPs per request per attended context token
     kv_bytes_per_token: float = 0.0  # cache bytes per request per context token
     kv_window: int = 0  # 0: unbounded; else cache stops growing at this many tokens
     state_bytes: float = 0.0  # fixed recurrent state per request
@@ -312,7 +312,7 @@ def _make_layer_ops(layer: LayerSpec, m: ModelSpec) -> list[Operator]:
         active = float(params)
         flops = 2.0 * gemm_params
         dtype_b, dtype = m.weight_bytes, m.weight_dtype
-        ctx_flops = kv_tok = state = 0.0
+        context_flops = kv_tok = state = 0.0
         window = 0
         traits = TRAITS[kind]
         if kind == OpKind.ROUTER:  # routing logits stay in the activation format
@@ -327,11 +327,11 @@ def _make_layer_ops(layer: LayerSpec, m: ModelSpec) -> list[Operator]:
         if traits.core:
             if a.kind in ("full", "sliding"):
                 kv_tok = 2 * a.n_kv_heads * a.head_dim * m.kv_bytes
-                ctx_flops = 4.0 * a.n_heads * a.head_dim
+                context_flops = 4.0 * a.n_heads * a.head_dim
                 window = a.window or 0
             elif a.kind == "mla":
                 kv_tok = (a.kv_lora_rank + a.qk_rope_dim) * m.kv_bytes
-                ctx_flops = 2.0 * a.n_heads * (2 * a.kv_lora_rank + a.qk_rope_dim)
+                context_flops = 2.0 * a.n_heads * (2 * a.kv_lora_rank + a.qk_rope_dim)
             else:
                 conv_ch = 2 * a.lin_k_heads * a.lin_k_dim + a.lin_v_heads * a.lin_v_dim
                 state = (a.lin_v_heads * a.lin_k_dim * a.lin_v_dim + conv_ch * (a.conv_kernel - 1)) * m.kv_bytes
@@ -339,7 +339,7 @@ def _make_layer_ops(layer: LayerSpec, m: ModelSpec) -> list[Operator]:
         out.append(Operator(
             name=f"layers.{layer.index}.{kind}", kind=kind, layer=layer.index, slot=int(slot),
             params=int(params), active_params=active, weight_bytes=params * dtype_b, flops=flops,
-            ctx_flops=ctx_flops, kv_bytes_per_token=kv_tok, kv_window=window, state_bytes=state,
+            context_flops=context_flops, kv_bytes_per_token=kv_tok, kv_window=window, state_bytes=state,
             out_bytes=float(out_bytes), gemm=tuple(gemms), attention=a, mlp=f,
             weight_dtype_bytes=dtype_b, weight_dtype=dtype,
         ))
