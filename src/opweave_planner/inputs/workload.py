@@ -18,14 +18,14 @@ here.
 
 from __future__ import annotations
 
-import codecs
+import contextlib
 import csv
 import hashlib
 import math
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -33,8 +33,10 @@ from typing import Annotated, Literal, get_args
 
 import numpy as np
 import orjson
+from numba import njit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from opweave_planner.atomic import check_input_file
 from opweave_planner.errors import UserError
 from opweave_planner.inputs.units import parse_tokens
 
@@ -55,8 +57,6 @@ Dist = Literal["fixed", "geometric", "lognormal"]
 LAW_TAIL = 1e-9
 #: the longest dense context vector we build (64 MiB of float64); longer needs --max-model-len
 MAX_SUPPORT = 1 << 23
-_CHUNK_ROWS = 65536
-_READ_BYTES = 1 << 20
 
 
 # --------------------------------------------------------------------------- grammar
@@ -313,12 +313,15 @@ def workload_spec(
     max_model_len: str | int | None = None,
     overflow: str = "clip",
     field: str = "--workload",
+    shape: bool = True,
 ) -> FixedContextSpec | TraceSpec | LawSpec:
     """The edge: CLI-level strings -> one validated spec.
 
     ``workload`` is a trace file (format from its header), a ``.toml`` law file, or an inline
     law. ``ctx`` alone is the fixed context. A trace is read once here (format, sha256, rows
-    and every row validated) so that bad input fails before any search.
+    and every row validated) so that bad input fails before any search; so is the shaping
+    (``materialize``), unless ``shape`` is False: a caller whose length limit is still to
+    come (the model's window, when ``max_model_len`` is None) shapes once it has it.
     """
     if (ctx is None) == (workload is None):
         raise UserError("--ctx / --workload: give exactly one of them")
@@ -338,7 +341,12 @@ def workload_spec(
         raise UserError("--max-model-len: must leave room for a prompt token and an output")
     text = str(workload)
     path = Path(text).expanduser()
-    if path.is_file():
+    inline = ":" in text and not text.lower().endswith((".csv", ".jsonl", ".toml"))
+    if os.path.lexists(path) or not inline:
+        if not os.path.lexists(path):
+            raise UserError(f"{field} {text}: no such file (and not an inline law such as "
+                            "lognormal:mean=12k,cv=1.2;out=geometric:mean=300)")
+        check_input_file(path, field)  # a folder, FIFO, device, loop or dangling link, by name
         if path.suffix.lower() == ".toml":
             prompt, output = _law_toml(path, field)
             spec = LawSpec(prompt=prompt, output=output, **shaped)
@@ -346,13 +354,11 @@ def workload_spec(
             tr = _read_once(path)
             spec = TraceSpec(path=tr.path, format=tr.format, sha256=tr.sha256, rows=tr.rows,
                              **shaped)
-    elif ":" in text and not any(text.lower().endswith(e) for e in (".csv", ".jsonl", ".toml")):
+    else:
         prompt, output = parse_law(text, field)
         spec = LawSpec(prompt=prompt, output=output, **shaped)
-    else:
-        raise UserError(f"{field} {text}: no such file (and not an inline law such as "
-                        "lognormal:mean=12k,cv=1.2;out=geometric:mean=300)")
-    materialize(spec)  # every shaping error (unreachable --scale-ctx, nothing fits) here
+    if shape:
+        materialize(spec)  # every shaping error (unreachable --scale-ctx, nothing fits) here
     return spec
 
 
@@ -386,71 +392,478 @@ class Trace:
         return int(self.prompt.size)
 
 
-class _HashingLines:
-    """Iterate a file's text lines while hashing its bytes (one pass, bounded memory)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.digest = hashlib.sha256()
-
-    def __iter__(self) -> Iterator[str]:
-        decoder = codecs.getincrementaldecoder("utf-8-sig")()
-        rest = ""
-        try:
-            handle = self.path.open("rb")
-        except OSError as exc:
-            raise UserError(f"trace {self.path}: cannot open ({exc.strerror})") from None
-        with handle:
-            while True:
-                block = handle.read(_READ_BYTES)
-                self.digest.update(block)
-                try:
-                    text = rest + decoder.decode(block, final=not block)
-                except UnicodeDecodeError:
-                    raise UserError(f"trace {self.path}: not UTF-8 text") from None
-                if not block:
-                    if text:
-                        yield text
-                    return
-                lines = text.split("\n")
-                rest = lines.pop()
-                for line in lines:
-                    yield line + "\n"
-
-
 #: longest length a trace may give (2^40 tokens; keeps every sum well inside int64)
 MAX_LENGTH = 1 << 40
+#: longest line of a trace (a CSV record, quoted line ends included): real lines are under
+#: a few KiB (a Mooncake line with its hash_ids), and it bounds what one line can cost
+MAX_LINE = 1 << 22
+#: longest prompt or output field of a CSV trace, in bytes (quotes and blanks included)
+MAX_FIELD = 4096
+_BLOCK = 1 << 22  # bytes read (and hashed) at a time
+_ROWS = 1 << 18  # rows a scan kernel fills per call
+_JSON_DEPTH = 64  # deeper JSON lines go to orjson (which allows 1024)
+_BOM = b"\xef\xbb\xbf"
+_BLANKS = re.compile(rb"[ \t\n\r\v\f\x1c-\x1f]*")  # ASCII whitespace, as str.isspace() has it
+_EOL = re.compile(rb"\r\n|\r|\n")
+_NUL_TEXT = "a NUL byte; expected UTF-8 text (a UTF-16 file?)"
+
+# what a scan kernel stopped at (info[0]); info[1:4] = position, rows, line; info[4:] the detail
+_MORE, _FULL, _SLOW, _NUL, _UTF8, _LONG, _COLUMNS, _VALUE, _FIELD, _QUOTE, _TWICE = range(11)
+_INPUT = np.frombuffer(b"input_length", np.uint8)
+_OUTPUT = np.frombuffer(b"output_length", np.uint8)
+_TRUE, _FALSE, _NULL = (np.frombuffer(word, np.uint8) for word in (b"true", b"false", b"null"))
 
 
-def _bad_value(path: Path, line: int, what: str, minimum: int, value: str) -> UserError:
-    try:
-        huge = int(value) > MAX_LENGTH
-    except ValueError:
-        huge = False
+@njit(cache=True, no_cfunc_wrapper=True)
+def _space(c):
+    """ASCII whitespace as str.isspace() has it (what a blank line and a padded number hold)."""
+    return c == 32 or 9 <= c <= 13 or 28 <= c <= 31
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _utf8(buf, i, n):
+    """Length of the UTF-8 character that starts with byte buf[i] >= 0x80: 2-4, 0 if it is
+    none (Python's strict decoder: no overlong form, surrogate or code point past U+10FFFF),
+    -1 if the buffer ends inside it."""
+    c = buf[i]
+    lo, hi = 0x80, 0xBF  # the second byte's range; the others are always 0x80..0xBF
+    if 0xC2 <= c <= 0xDF:
+        k = 2
+    elif 0xE0 <= c <= 0xEF:
+        k = 3
+        lo = 0xA0 if c == 0xE0 else 0x80
+        hi = 0x9F if c == 0xED else 0xBF
+    elif 0xF0 <= c <= 0xF4:
+        k = 4
+        lo = 0x90 if c == 0xF0 else 0x80
+        hi = 0x8F if c == 0xF4 else 0xBF
+    else:
+        return 0
+    for j in range(1, k):
+        if i + j >= n:
+            return -1
+        b = buf[i + j]
+        if not ((lo if j == 1 else 0x80) <= b <= (hi if j == 1 else 0xBF)):
+            return 0
+    return k
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _fail(info, status, line, a, b, c, d):
+    info[0] = status
+    info[4] = line
+    info[5] = a
+    info[6] = b
+    info[7] = c
+    info[8] = d
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _scan_csv(buf, pos, final, line, cols, out_p, out_o, row, info):
+    """Records of buf[pos:] parsed as the csv module's excel dialect does (``"`` quotes a field,
+    ``""`` inside is one quote, a quote elsewhere is text), a record ending at \\n, \\r\\n or \\r
+    outside quotes; the prompt and output columns ``cols`` of each non-blank record go to
+    out_p/out_o as ASCII decimal integers. Stops at the first bad record, at a record the
+    buffer cuts (unless ``final``) or when out_* are full; info says which (_MORE...)."""
+    n = buf.size
+    val = np.zeros(2, np.int64)
+    phase = np.zeros(2, np.int64)  # 0 leading blanks, 1 digits, 2 trailing blanks, 3 not a number
+    span = np.zeros(4, np.int64)  # first and last byte + 1 of the prompt and output fields
+    need = max(cols[0], cols[1])
+    status = _MORE
+    while pos < n and status == _MORE:
+        if row == out_p.size:
+            status = _FULL
+            break
+        start, first = pos, line
+        field, state, blank, cut = 0, 0, True, False  # state: 0 field start, 1 unquoted, 2 quoted, 3 quote in quoted
+        val[:] = 0
+        phase[:] = 0
+        slot = 0 if cols[0] == 0 else (1 if cols[1] == 0 else -1)
+        if slot >= 0:
+            span[2 * slot] = pos
+        while True:
+            if state <= 1 and pos < n:  # fast runs: text of another column, or a length's digits
+                j = pos
+                if slot < 0:
+                    stop = min(n, start + MAX_LINE + 1)
+                    while j < stop and 32 < buf[j] < 127 and buf[j] != 44 and buf[j] != 34:
+                        j += 1
+                elif phase[slot] <= 1:
+                    stop = min(n, span[2 * slot] + MAX_FIELD)
+                    v = val[slot]
+                    while j < stop and 48 <= buf[j] <= 57:
+                        if v <= MAX_LENGTH:
+                            v = v * 10 + (buf[j] - 48)
+                        j += 1
+                    if j > pos:
+                        val[slot] = v
+                        phase[slot] = 1
+                if j > pos:
+                    pos, state, blank = j, 1, False
+            if pos - start > MAX_LINE:
+                _fail(info, _LONG, first, 0, 0, 0, 0)
+                status = _LONG
+                break
+            if pos >= n:
+                if not final:
+                    cut = True
+                elif state == 2:
+                    _fail(info, _QUOTE, first, 0, 0, 0, 0)
+                    status = _QUOTE
+                break
+            c = buf[pos]
+            width = 1
+            if c == 0:
+                _fail(info, _NUL, line, 0, 0, 0, 0)
+                status = _NUL
+                break
+            if c >= 0x80:
+                width = _utf8(buf, pos, n)
+                if width < 0 and not final:
+                    cut = True
+                    break
+                if width <= 0:
+                    _fail(info, _UTF8, line, 0, 0, 0, 0)
+                    status = _UTF8
+                    break
+            if state != 2 and (c == 10 or c == 13):  # the record's end
+                if slot >= 0:
+                    span[2 * slot + 1] = pos
+                if c == 13 and pos + 1 >= n and not final:
+                    cut = True  # \r\n split by the buffer's end
+                    break
+                pos += 2 if c == 13 and pos + 1 < n and buf[pos + 1] == 10 else 1
+                line += 1
+                break
+            if state == 2:
+                if c == 34:
+                    state = 3
+                    pos += 1
+                    continue
+                if c == 13 and pos + 1 >= n and not final:
+                    cut = True
+                    break
+                if c == 10 or (c == 13 and (pos + 1 >= n or buf[pos + 1] != 10)):
+                    line += 1
+            elif c == 44:  # the field's end
+                if slot >= 0:
+                    span[2 * slot + 1] = pos
+                field += 1
+                slot = 0 if cols[0] == field else (1 if cols[1] == field else -1)
+                if slot >= 0:
+                    span[2 * slot] = pos + 1
+                state = 0
+                pos += 1
+                continue
+            elif c == 34 and state == 0:
+                state = 2
+                pos += 1
+                continue
+            elif c == 34 and state == 3:
+                state = 2
+            else:
+                state = 1
+            # a character of the field's text
+            space = width == 1 and _space(c)
+            if not space:
+                blank = False
+            if slot >= 0:
+                if pos + width - span[2 * slot] > MAX_FIELD:
+                    _fail(info, _FIELD, first, slot, 0, 0, 0)
+                    status = _FIELD
+                    break
+                ph = phase[slot]
+                if 48 <= c <= 57 and ph <= 1:
+                    phase[slot] = 1
+                    if val[slot] <= MAX_LENGTH:
+                        val[slot] = val[slot] * 10 + (c - 48)
+                elif space:
+                    if ph == 1:
+                        phase[slot] = 2
+                else:
+                    phase[slot] = 3
+            pos += width
+        if status != _MORE:
+            break
+        if cut:
+            pos, line = start, first
+            break
+        if blank:
+            continue
+        if field + 1 <= need:
+            _fail(info, _COLUMNS, first, field + 1, 0, 0, 0)
+            status = _COLUMNS
+            break
+        for k in range(2):
+            if phase[k] == 0 or phase[k] == 3 or val[k] > MAX_LENGTH or val[k] < k:
+                huge = 1 if phase[k] != 0 and phase[k] != 3 and val[k] > MAX_LENGTH else 0
+                _fail(info, _VALUE, first, k, span[2 * k], span[2 * k + 1], huge)
+                status = _VALUE
+                break
+        if status != _MORE:
+            break
+        out_p[row] = val[0]
+        out_o[row] = val[1]
+        row += 1
+    info[0] = status
+    info[1] = pos
+    info[2] = row
+    info[3] = line
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _json_string(buf, i, e):
+    """Index after the JSON string that starts at buf[i] == '"', -1 if it is not a plain one
+    (a \\u escape, a control character, no closing quote: orjson decides)."""
+    j = i + 1
+    while j < e:
+        c = buf[j]
+        if c == 34:
+            return j + 1
+        if c == 92:
+            if j + 1 >= e:
+                return -1
+            x = buf[j + 1]
+            if not (x == 34 or x == 92 or x == 47 or x == 98 or x == 102 or x == 110 or x == 114
+                    or x == 116):
+                return -1
+            j += 2
+        elif c < 32:
+            return -1
+        else:
+            j += 1
+    return -1
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _json_number(buf, i, e):
+    """Index after the JSON number at buf[i], -1 if it is none or one orjson might refuse
+    (an exponent of three digits may overflow a double; 40 characters bound the mantissa)."""
+    j = i
+    if j < e and buf[j] == 45:
+        j += 1
+    if j < e and buf[j] == 48:
+        j += 1
+    elif j < e and 49 <= buf[j] <= 57:
+        while j < e and 48 <= buf[j] <= 57:
+            j += 1
+    else:
+        return -1
+    if j < e and buf[j] == 46:
+        j += 1
+        k = j
+        while j < e and 48 <= buf[j] <= 57:
+            j += 1
+        if j == k:
+            return -1
+    if j < e and (buf[j] == 101 or buf[j] == 69):
+        j += 1
+        if j < e and (buf[j] == 43 or buf[j] == 45):
+            j += 1
+        k = j
+        while j < e and 48 <= buf[j] <= 57:
+            j += 1
+        if j == k or j - k > 2:
+            return -1
+    return j if j - i <= 40 else -1
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _json_length(buf, i, e, minimum):
+    """(value, index after it) of a length written as a plain JSON integer in minimum..2^40,
+    (-1, -1) otherwise (a float, a sign, a string...: orjson and the old checks decide)."""
+    j, v = i, 0
+    while j < e and 48 <= buf[j] <= 57 and j - i <= 13:
+        v = v * 10 + (buf[j] - 48)
+        j += 1
+    if j == i or j - i > 13 or (buf[i] == 48 and j - i > 1) or v < minimum or v > MAX_LENGTH:
+        return -1, -1
+    if j < e and (buf[j] == 46 or buf[j] == 101 or buf[j] == 69):
+        return -1, -1
+    return v, j
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _same(buf, i, j, word):
+    if j - i != word.size:
+        return False
+    for k in range(word.size):  # noqa: SIM110 (a loop: numba compiles no generator here)
+        if buf[i + k] != word[k]:
+            return False
+    return True
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _json_lengths(buf, s, e, stack):
+    """(code, input_length, output_length) of the JSON line buf[s:e]: code 0 read, 1 a blank
+    line, 2 anything unusual (orjson and the old checks decide), 3 a length key given twice.
+
+    A validating parser for the common case: an object whose two lengths are plain
+    integers, every string without \\u escapes, nesting under _JSON_DEPTH."""
+    i = s
+    while i < e and _space(buf[i]):
+        i += 1
+    if i == e:
+        return 1, 0, 0
+    i = s
+    while i < e and (buf[i] == 32 or buf[i] == 9):
+        i += 1
+    if buf[i] != 123:
+        return 2, 0, 0
+    vin, vout, key, twice = -1, -1, -1, False
+    depth, state = 0, 0  # state: 0 a value, 1 a value or ']', 2 a key, 3 a key or '}', 4 ':', 5 after a value
+    while True:
+        while i < e and (buf[i] == 32 or buf[i] == 9):
+            i += 1
+        if i == e or (depth == 0 and state == 5):
+            break
+        c = buf[i]
+        if (c == 93 and state == 1) or (c == 125 and state == 3):  # [] or {}
+            depth -= 1
+            i += 1
+            state = 5
+            continue
+        if state <= 1:
+            if key >= 0:  # the value of input_length or output_length
+                v, j = _json_length(buf, i, e, key)
+                if j < 0:
+                    return 2, 0, 0
+                if (vin if key == 0 else vout) >= 0:
+                    twice = True
+                if key == 0:
+                    vin = v
+                else:
+                    vout = v
+                i, key, state = j, -1, 5
+                continue
+            if c == 123 or c == 91:
+                if depth == _JSON_DEPTH:
+                    return 2, 0, 0
+                stack[depth] = c
+                depth += 1
+                i += 1
+                state = 3 if c == 123 else 1
+                continue
+            if c == 34:
+                i = _json_string(buf, i, e)
+            elif c == 116 and _same(buf, i, min(e, i + 4), _TRUE):
+                i += 4
+            elif c == 102 and _same(buf, i, min(e, i + 5), _FALSE):
+                i += 5
+            elif c == 110 and _same(buf, i, min(e, i + 4), _NULL):
+                i += 4
+            elif c == 45 or 48 <= c <= 57:
+                i = _json_number(buf, i, e)
+            else:
+                return 2, 0, 0
+            if i < 0:
+                return 2, 0, 0
+            state = 5
+        elif state <= 3:
+            if c != 34:
+                return 2, 0, 0
+            j = _json_string(buf, i, e)
+            if j < 0:
+                return 2, 0, 0
+            key = -1
+            if depth == 1:
+                key = 0 if _same(buf, i + 1, j - 1, _INPUT) else (1 if _same(buf, i + 1, j - 1, _OUTPUT) else -1)
+            i, state = j, 4
+        elif state == 4:
+            if c != 58:
+                return 2, 0, 0
+            i += 1
+            state = 0
+        else:
+            top = stack[depth - 1]
+            if c == 44:
+                state = 2 if top == 123 else 0
+            elif (c == 125 and top == 123) or (c == 93 and top == 91):
+                depth -= 1
+            else:
+                return 2, 0, 0
+            i += 1
+    if depth != 0 or state != 5 or i != e or vin < 0 or vout < 0:
+        return 2, 0, 0
+    return (3 if twice else 0), vin, vout
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _scan_jsonl(buf, pos, final, line, out_p, out_o, row, info):
+    """JSON lines of buf[pos:] (ending at \\n, \\r\\n or \\r), their input and output lengths
+    to out_p/out_o; stops at a line for orjson (_SLOW: info[5:8] its start, end and the next
+    line's start), at a bad byte, at a line the buffer cuts (unless final), when full."""
+    n = buf.size
+    stack = np.zeros(_JSON_DEPTH, np.uint8)
+    status = _MORE
+    while pos < n:
+        if row == out_p.size:
+            status = _FULL
+            break
+        start, end, nxt = pos, -1, -1
+        stop = min(n, start + MAX_LINE)
+        while True:
+            while pos < stop and 13 < buf[pos] < 0x80:  # the common bytes, in a tight loop
+                pos += 1
+            if pos >= n:
+                break
+            c = buf[pos]
+            if c == 10 or c == 13:
+                if c == 13 and pos + 1 >= n and not final:
+                    break
+                end = pos
+                nxt = pos + 2 if c == 13 and pos + 1 < n and buf[pos + 1] == 10 else pos + 1
+                break
+            if pos - start >= MAX_LINE:
+                status = _LONG
+                break
+            if c == 0:
+                status = _NUL
+                break
+            width = 1
+            if c >= 0x80:
+                width = _utf8(buf, pos, n)
+                if width < 0 and not final:
+                    break
+                if width <= 0:
+                    status = _UTF8
+                    break
+            pos += width
+        if status != _MORE:
+            _fail(info, status, line, 0, 0, 0, 0)
+            break
+        if end < 0:
+            if not final:
+                pos = start
+                break
+            end, nxt = n, n
+        code, a, b = _json_lengths(buf, start, end, stack)
+        if code == 2 or code == 3:
+            status = _SLOW if code == 2 else _TWICE
+            _fail(info, status, line, start, end, nxt, 0)
+            pos = start
+            break
+        if code == 0:
+            out_p[row] = a
+            out_o[row] = b
+            row += 1
+        line += 1
+        pos = nxt
+    info[0] = status
+    info[1] = pos
+    info[2] = row
+    info[3] = line
+
+
+def _bad_value(path: Path, line: int, what: str, minimum: int, value: str, huge: bool) -> UserError:
+    shown = value if len(value) <= 40 else value[:40] + "..."
     if huge:
-        return UserError(f"trace {path} line {line}: {what} length {value} exceeds 2^40 tokens")
-    return UserError(
-        f"trace {path} line {line}: {what} length must be an integer >= {minimum}, got {value!r}"
-    )
-
-
-def _to_int(cells: list[str], path: Path, lines: list[int], what: str, minimum: int) -> np.ndarray:
-    """Vectorised integer conversion of a chunk; the first bad cell is reported by line."""
-    try:
-        arr = np.array([c.strip() for c in cells]).astype(np.int64)
-        bad = np.flatnonzero((arr < minimum) | (arr > MAX_LENGTH))
-    except (ValueError, OverflowError):
-        arr, bad = None, None
-    if arr is not None and bad.size == 0:
-        return arr
-    for i, cell in enumerate(cells):
-        try:
-            ok = minimum <= int(cell.strip()) <= MAX_LENGTH
-        except ValueError:
-            ok = False
-        if not ok:
-            raise _bad_value(path, lines[i], what, minimum, cell.strip())
-    raise AssertionError("unreachable")
+        return UserError(f"trace {path} line {line}: {what} length {shown} exceeds 2^40 tokens")
+    odd = "_" in value or any(ch.isdigit() and not "0" <= ch <= "9" for ch in value)
+    hint = " (ASCII digits 0-9 only)" if odd else ""
+    return UserError(f"trace {path} line {line}: {what} length must be an integer >= {minimum}, "
+                     f"got {shown!r}{hint}")
 
 
 def _output_message(fmt: str) -> tuple[str, str]:
@@ -458,14 +871,28 @@ def _output_message(fmt: str) -> tuple[str, str]:
 
 
 def _csv_columns(header: list[str], path: Path) -> tuple[str, int, int]:
+    """(format, prompt column, output column) of a CSV header; a header that repeats a name or
+    names the columns of two formats is refused (which pair was meant is a guess)."""
     cols = [h.strip().lower() for h in header]
-    for fmt, (pc, oc) in CSV_FORMATS.items():
-        if pc in cols and oc in cols:
-            return fmt, cols.index(pc), cols.index(oc)
-    ip = next((cols.index(c) for c in LEGACY_PROMPT if c in cols), None)
-    idc = next((cols.index(c) for c in LEGACY_DECODE if c in cols), None)
-    if ip is not None and idc is not None:
-        return "afd", ip, idc
+    for i, name in enumerate(cols):
+        if name and name in cols[:i]:
+            raise UserError(f"trace {path}: column {header[i].strip()!r} appears twice in the header")
+    found = [(fmt, cols.index(pc), cols.index(oc)) for fmt, (pc, oc) in CSV_FORMATS.items()
+             if pc in cols and oc in cols]
+    prompts = [c for c in LEGACY_PROMPT if c in cols]
+    decodes = [c for c in LEGACY_DECODE if c in cols]
+    if prompts and decodes:
+        for names in (prompts, decodes):
+            if len(names) > 1:
+                raise UserError(f"trace {path}: the header names two columns of one kind "
+                                f"({names[0]!r}, {names[1]!r}); keep one")
+        found.append(("afd", cols.index(prompts[0]), cols.index(decodes[0])))
+    if len(found) > 1:
+        pairs = " and ".join(f"{fmt} ({header[i].strip()},{header[o].strip()})" for fmt, i, o in found[:2])
+        raise UserError(f"trace {path}: the header names the columns of two formats, {pairs}; "
+                        "keep one prompt and one output column")
+    if found:
+        return found[0]
     raise UserError(
         f"trace {path}: unknown header {','.join(h.strip() for h in header)[:120]!r}; expected "
         "Azure (ContextTokens,GeneratedTokens), BurstGPT (Request tokens,Response tokens), "
@@ -474,81 +901,170 @@ def _csv_columns(header: list[str], path: Path) -> tuple[str, int, int]:
     )
 
 
-def _read_csv(lines: Iterator[str], first: str, path: Path):
-    reader = csv.reader(_chain(first, lines))
-    header = next(reader)
-    fmt, ip, io = _csv_columns(header, path)
-    pw, ow = _output_message(fmt)
-    need = max(ip, io)
-    width = len(header)
-    chunks_p: list[np.ndarray] = []
-    chunks_o: list[np.ndarray] = []
-    cp: list[str] = []
-    co: list[str] = []
-    ln: list[int] = []
-
-    def flush() -> None:
-        chunks_p.append(_to_int(cp, path, ln, pw, 0))
-        chunks_o.append(_to_int(co, path, ln, ow, 1))
-        cp.clear()
-        co.clear()
-        ln.clear()
-
-    for row in reader:
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) <= need:
-            raise UserError(
-                f"trace {path} line {reader.line_num}: expected {width} columns, got {len(row)}"
-            )
-        cp.append(row[ip])
-        co.append(row[io])
-        ln.append(reader.line_num)
-        if len(cp) >= _CHUNK_ROWS:
-            flush()
-    if cp:
-        flush()
-    return fmt, chunks_p, chunks_o
+def _line_ends(data: bytes) -> int:
+    """How many lines ``data`` ends (\\n, \\r\\n and a lone \\r count one each)."""
+    return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
 
 
-def _chain(first: str, rest: Iterator[str]) -> Iterator[str]:
-    yield first
-    yield from rest
+class _Source:
+    """A trace file read in blocks, every byte hashed once as it is read (the plan records the
+    sha256), with the unparsed rest of the last block kept in ``buf``."""
 
+    def __init__(self, handle, path: Path) -> None:
+        self.handle, self.path = handle, path
+        self.digest = hashlib.sha256()
+        self.buf, self.pos, self.final = b"", 0, False
 
-def _read_jsonl(lines: Iterator[str], first: str, path: Path):
-    ps = np.empty(_CHUNK_ROWS, np.int64)
-    os_ = np.empty(_CHUNK_ROWS, np.int64)
-    chunks_p: list[np.ndarray] = []
-    chunks_o: list[np.ndarray] = []
-    n = 0
-    for number, line in enumerate(_chain(first, lines), start=1):
-        if not line.strip():
-            continue
+    def more(self) -> None:
+        """Append the next block to the unparsed rest (the tail is at most MAX_LINE long)."""
+        block = self.handle.read(_BLOCK)
+        self.digest.update(block)
+        self.final = not block
+        self.buf = self.buf[self.pos:] + block
+        self.pos = 0
+
+    def first_line(self) -> tuple[int, int]:
+        """Skip the byte-order mark and blank lines: (line number, first byte) of the first
+        other line, which then starts at ``pos``."""
+        self.more()
+        while len(self.buf) < len(_BOM) and not self.final:
+            self.more()
+        if self.buf[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            raise UserError(f"trace {self.path}: UTF-16 or UTF-32 text; expected UTF-8")
+        if self.buf.startswith(_BOM):
+            self.pos = 3
+        line = 1
+        while True:
+            j = _BLANKS.match(self.buf, self.pos).end()
+            if j < len(self.buf) or self.final:
+                break
+            keep = j - 1 if self.buf.endswith(b"\r") else j  # its \n may start the next block
+            line += _line_ends(self.buf[self.pos:keep])
+            self.pos = keep
+            self.more()
+        if j == len(self.buf):
+            raise UserError(f"trace {self.path}: empty file; expected a header line and requests")
+        start = max(self.pos, self.buf.rfind(b"\n", self.pos, j) + 1, self.buf.rfind(b"\r", self.pos, j) + 1)
+        line += _line_ends(self.buf[self.pos:start])
+        self.pos = start
+        return line, self.buf[j]
+
+    def header(self, line: int) -> list[str]:
+        """The CSV header at ``pos`` (one line), ``pos`` moved past it."""
+        while True:
+            m = _EOL.search(self.buf, self.pos)
+            if self.final or (m and m.end() < len(self.buf)):  # (a final \r may pair with a \n)
+                break
+            if (m.start() if m else len(self.buf)) - self.pos > MAX_LINE:
+                break
+            self.more()
+        end = m.start() if m else len(self.buf)
+        if end - self.pos > MAX_LINE:
+            raise UserError(f"trace {self.path} line {line}: longer than {MAX_LINE >> 20} MiB; "
+                            "expected a header line")
+        raw = self.buf[self.pos:end]
+        self.pos = m.end() if m else end
+        if b"\0" in raw:
+            raise UserError(f"trace {self.path} line {line}: {_NUL_TEXT}")
         try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            raise UserError(f"trace {path} line {number}: not a JSON object") from None
-        if not isinstance(obj, dict) or not all(k in obj for k in JSONL_KEYS):
-            raise UserError(
-                f"trace {path} line {number}: expected a JSON object with input_length and "
-                "output_length"
-            )
-        for key, minimum, what, dest in (
-            ("input_length", 0, "prompt", ps), ("output_length", 1, "output", os_)
-        ):
-            v = obj[key]
-            if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= MAX_LENGTH:
-                raise _bad_value(path, number, what, minimum, str(v))
-            dest[n] = v
-        n += 1
-        if n == _CHUNK_ROWS:
-            chunks_p.append(ps.copy())
-            chunks_o.append(os_.copy())
-            n = 0
-    chunks_p.append(ps[:n].copy())
-    chunks_o.append(os_[:n].copy())
-    return "mooncake", chunks_p, chunks_o
+            text = raw.decode("utf-8")
+            return next(csv.reader([text], strict=True))
+        except UnicodeDecodeError:
+            raise UserError(f"trace {self.path} line {line}: not UTF-8 text") from None
+        except csv.Error as exc:
+            raise UserError(f"trace {self.path} line {line}: the header is not one line of CSV "
+                            f"({exc})") from None
+
+
+def _field_text(raw: bytes) -> str:
+    """A CSV field's text (unquoted, stripped) for an error message."""
+    text = raw.decode("utf-8", "replace")
+    with contextlib.suppress(csv.Error, StopIteration, IndexError):
+        text = next(csv.reader([text]))[0] if text.lstrip(" \t").startswith('"') else text
+    return text.strip()
+
+
+def _json_line(raw: bytes, path: Path, line: int) -> tuple[int, int] | None:
+    """(input_length, output_length) of a JSON line the kernel leaves to orjson, None for a
+    blank one; or the one-line error naming the line."""
+    if not raw.decode("utf-8").strip():
+        return None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise UserError(f"trace {path} line {line}: not a JSON object") from None
+    if not isinstance(obj, dict) or not all(k in obj for k in JSONL_KEYS):
+        raise UserError(
+            f"trace {path} line {line}: expected a JSON object with input_length and output_length"
+        )
+    values = []
+    for key, minimum, what in (("input_length", 0, "prompt"), ("output_length", 1, "output")):
+        v = obj[key]
+        whole = isinstance(v, int) and not isinstance(v, bool)
+        if not whole or not minimum <= v <= MAX_LENGTH:
+            raise _bad_value(path, line, what, minimum, str(v), whole and v > MAX_LENGTH)
+        values.append(v)
+    return values[0], values[1]
+
+
+_PROBLEMS = {
+    _NUL: _NUL_TEXT, _UTF8: "not UTF-8 text", _QUOTE: "a quoted field is never closed",
+    _LONG: f"longer than {MAX_LINE >> 20} MiB; expected one request per line",
+    _TWICE: "input_length or output_length given twice",
+}
+
+
+def _scan_error(src: _Source, info: np.ndarray, fmt: str, width: int) -> UserError:
+    status, line = int(info[0]), int(info[4])
+    where = f"trace {src.path} line {line}"
+    if status in _PROBLEMS:
+        return UserError(f"{where}: {_PROBLEMS[status]}")
+    if status == _COLUMNS:
+        return UserError(f"{where}: expected {width} columns, got {int(info[5])}")
+    what = _output_message(fmt)[int(info[5])]
+    if status == _FIELD:
+        return UserError(f"{where}: the {what} field is longer than {MAX_FIELD} bytes")
+    text = _field_text(src.buf[int(info[6]):int(info[7])])
+    return _bad_value(src.path, line, what, int(info[5]), text, bool(info[8]))
+
+
+def _scan(src: _Source, line: int, fmt: str, cols: tuple[int, int], width: int):
+    """Run the format's kernel over the file from ``src.pos``; (prompt, output) arrays."""
+    out_p, out_o = np.empty(_ROWS, np.int64), np.empty(_ROWS, np.int64)
+    info = np.zeros(9, np.int64)
+    col = np.array(cols, np.int64)
+    parts_p: list[np.ndarray] = []
+    parts_o: list[np.ndarray] = []
+    row = 0
+    while True:
+        buf = np.frombuffer(src.buf, np.uint8)
+        if fmt == "mooncake":
+            _scan_jsonl(buf, src.pos, src.final, line, out_p, out_o, row, info)
+        else:
+            _scan_csv(buf, src.pos, src.final, line, col, out_p, out_o, row, info)
+        status, src.pos, row, line = (int(x) for x in info[:4])
+        if status == _FULL:
+            parts_p.append(out_p.copy())
+            parts_o.append(out_o.copy())
+            row = 0
+        elif status == _SLOW:
+            got = _json_line(src.buf[int(info[5]):int(info[6])], src.path, line)
+            if got is not None:
+                out_p[row], out_o[row] = got
+                row += 1
+            src.pos, line = int(info[7]), line + 1
+        elif status != _MORE:
+            raise _scan_error(src, info, fmt, width)
+        elif src.final:
+            break
+        else:
+            src.more()
+    parts_p.append(out_p[:row].copy())
+    parts_o.append(out_o[:row].copy())
+    del out_p, out_o
+    prompt = np.concatenate(parts_p)
+    del parts_p
+    return prompt, np.concatenate(parts_o)
 
 
 def read_trace(path: str | Path) -> Trace:
@@ -556,26 +1072,27 @@ def read_trace(path: str | Path) -> Trace:
 
     Formats: Azure LLM CSV, BurstGPT CSV, Vidur CSV, ``prompt_tokens,output_tokens`` CSV, the
     AFD ``prompt,decode`` CSV, Mooncake JSONL. Every request needs a prompt length >= 0 and
-    an output length >= 1; the first bad row is reported by its line (the header is line 1).
+    an output length >= 1 in ASCII digits; the first bad row is reported by its line (the
+    file's lines, the header's included, counted from 1). The bytes are parsed in blocks by
+    numba kernels (linear in the file, no Python object per row); see docs/workloads.md for
+    what is accepted and refused.
     """
     path = Path(path)
-    src = _HashingLines(path)
-    lines = iter(src)
-    first = None
-    for line in lines:
-        if line.strip():
-            first = line
-            break
-    if first is None:
-        raise UserError(f"trace {path}: empty file; expected a header line and requests")
-    if first.lstrip().startswith("{"):
-        fmt, cp, co = _read_jsonl(lines, first, path)
-    else:
-        fmt, cp, co = _read_csv(lines, first, path)
-    for _ in lines:  # both readers consume every line; this only guarantees a full hash
-        pass
-    prompt = np.concatenate(cp) if cp else np.empty(0, np.int64)
-    output = np.concatenate(co) if co else np.empty(0, np.int64)
+    check_input_file(path, "trace")
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise UserError(f"trace {path}: cannot open ({exc.strerror})") from None
+    with handle:
+        src = _Source(handle, path)
+        line, lead = src.first_line()
+        if lead == ord("{"):
+            fmt, cols, width = "mooncake", (0, 1), 2
+        else:
+            header = src.header(line)
+            fmt, ip, io = _csv_columns(header, path)
+            cols, width, line = (ip, io), len(header), line + 1
+        prompt, output = _scan(src, line, fmt, cols, width)
     if prompt.size == 0:
         raise UserError(f"trace {path}: no data rows; expected at least one request")
     return Trace(str(path), fmt, src.digest.hexdigest(), prompt, output)
@@ -604,7 +1121,7 @@ def file_stamp(path: str | os.PathLike | None) -> tuple[str, int, int] | None:
     try:
         resolved = str(Path(path).resolve()) if path else None
         st = os.stat(resolved) if resolved else None
-    except OSError:
+    except (OSError, RuntimeError, ValueError):  # a symlink loop raises RuntimeError on 3.11
         return None
     return None if st is None else (resolved, st.st_mtime_ns, st.st_size)
 
@@ -719,21 +1236,30 @@ def _scaled(prompt: np.ndarray, s: float) -> np.ndarray:
 
 
 def _solve_scale(theta_at, target: float, what: str) -> float:
-    """A prompt scale s >= 0 with θ(s) closest to ``target`` (θ nondecreasing in s).
+    """A prompt scale s > 0 with θ(s) closest to ``target`` (θ nondecreasing in s; inf where
+    no request fits the length limit).
 
-    θ(s) is close to affine (θ(0) + s (θ(1) - θ(0))), so the first guess is that line's root;
-    a bracket is grown geometrically around it, then secant steps safeguarded by bisection.
+    θ(s) is close to affine (θ(0) + s (θ(1) - θ(0))), so the first guess is that line's root
+    (through a smaller s than 1 where nothing fits at 1); a bracket is grown geometrically
+    around it, then secant steps safeguarded by bisection. Scale 0 (every prompt empty) is
+    never an answer: a target the outputs alone reach is refused.
     """
     t0 = theta_at(0.0)
-    if target < t0 - 0.5:
+    if not math.isfinite(t0):
+        raise UserError(f"--scale-ctx {what}: no request fits --max-model-len even with an empty "
+                        "prompt (the outputs alone are longer); raise --max-model-len")
+    if target <= t0:
         raise UserError(
-            f"--scale-ctx: {target:g} tokens is below {t0:.1f}, the mean context the outputs "
+            f"--scale-ctx: {target:g} tokens is not above {t0:.1f}, the mean context the outputs "
             f"alone give {what}; no prompt scaling reaches it"
         )
-    t1 = theta_at(1.0)
-    guess = (target - t0) / (t1 - t0) if t1 > t0 else 1.0
-    if guess <= 0:
-        return 0.0
+    s1, t1 = 1.0, theta_at(1.0)
+    for _ in range(64):  # prompts all round to 0 long before s1 = 2^-64
+        if math.isfinite(t1):
+            break
+        s1 /= 2.0
+        t1 = theta_at(s1)
+    guess = s1 * (target - t0) / (t1 - t0) if t1 > t0 else s1
     lo, t_lo = 0.0, t0
     hi, t_hi = guess, theta_at(guess)
     step = 1.001
@@ -744,12 +1270,12 @@ def _solve_scale(theta_at, target: float, what: str) -> float:
         if hi > 1e9:
             raise UserError(f"--scale-ctx: {target:g} tokens is not reachable {what}")
         t_hi = theta_at(hi)
-    if lo == 0.0 and guess > 0:
+    if lo == 0.0:
         probe = guess / 1.001
         t_probe = theta_at(probe)
         if t_probe < target:
             lo, t_lo = probe, t_probe
-    best = min((abs(t_lo - target), lo), (abs(t_hi - target), hi))
+    best = min([(abs(t_hi - target), hi)] + ([(abs(t_lo - target), lo)] if lo > 0 else []))
     for _ in range(80):
         if best[0] <= 1e-9 * target or hi - lo <= 1e-12 * hi:
             break
@@ -940,6 +1466,15 @@ def _trace(spec: TraceSpec) -> Workload:
                     scale, p, o)
 
 
+class _NothingFits(UserError):
+    """No request of a law fits the length limit: at most LAW_TAIL of its mass, the tail the
+    law itself is cut at (the rescaling solver reads it as θ = inf)."""
+
+    def __init__(self, limit: int, kept: float) -> None:
+        super().__init__(f"workload: no request fits --max-model-len {limit} (a share of "
+                         f"{kept:.1g} of the law's requests); raise --max-model-len")
+
+
 def _law_pmf(wp: np.ndarray, wd: np.ndarray, L: int | None, overflow: str):
     """Stationary context law of independent (P, D) given their pmfs on 0..len-1.
 
@@ -970,8 +1505,8 @@ def _law_pmf(wp: np.ndarray, wd: np.ndarray, L: int | None, overflow: str):
     if overflow == "drop":
         fit = wp * (1.0 - sd_room)
         kept = float(fit.sum())
-        if not kept > 0:
-            raise UserError(f"workload: no request fits --max-model-len {L}")
+        if not kept > LAW_TAIL:
+            raise _NothingFits(L, kept)
         sub = np.cumsum(wp * sd_room * (pos < L))
         y = np.arange(min(conv.size, L))
         pmf = np.clip(conv[: y.size] - sub[np.minimum(y, sub.size - 1)], 0.0, None)
@@ -985,8 +1520,8 @@ def _law_pmf(wp: np.ndarray, wd: np.ndarray, L: int | None, overflow: str):
     else:
         keep = pos < L
         kept = float(wp[keep].sum())
-        if not kept > 0:
-            raise UserError(f"workload: no request fits --max-model-len {L}")
+        if not kept > LAW_TAIL:
+            raise _NothingFits(L, kept)
         pmf = conv[:L]
         cs = np.cumsum(surv)  # E[min(D, k + 1)] = cs[k]
         e_d = cs[np.clip(room - 1, 0, cs.size - 1)]
@@ -1026,9 +1561,11 @@ def _materialize_law(spec: LawSpec) -> Workload:
     scale, law = 1.0, spec.prompt
     if spec.scale_ctx is not None:
         def theta_at(s: float) -> float:
-            if s == 0.0:
-                return _pmf_moments(build(LengthLaw(dist="fixed", mean=0.0))[0])[0]
-            return _pmf_moments(build(scaled_law(spec.prompt, s))[0])[0]
+            law = LengthLaw(dist="fixed", mean=0.0) if s == 0.0 else scaled_law(spec.prompt, s)
+            try:
+                return _pmf_moments(build(law)[0])[0]
+            except _NothingFits:
+                return math.inf
 
         scale = _solve_scale(theta_at, float(spec.scale_ctx), "for this law")
         law = scaled_law(spec.prompt, scale)
