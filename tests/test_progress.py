@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from opweave_planner import report
-from opweave_planner.report import Progress, announce_compile, format_duration, numba_cache_is_warm
+from opweave_planner import jit, report
+from opweave_planner.jit import numba_cache_is_warm
+from opweave_planner.report import Progress, announce_compile, format_duration
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -168,16 +169,16 @@ def kmod(tmp_path):
 
 
 def test_finds_exactly_the_cached_functions_and_their_numba_line(kmod):
-    assert report._cached_functions(kmod.read_text()) == [("add", 6), ("mul", 11)]
+    assert jit._cached_functions(kmod.read_text()) == [("add", 6), ("mul", 11)]
 
 
 def test_warm_when_a_fresh_index_exists_and_every_named_one_is_fresh(kmod, monkeypatch):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    version = report._numba_version()
+    version = jit._numba_version()
     digest = hashlib.sha256(kmod.read_bytes()).digest()
     cache = kmod.parent / "__pycache__"
     both = ("add", "mul")
-    assert report.numba_cache_dir(kmod) == cache
+    assert jit.numba_cache_dir(kmod) == cache
     assert not numba_cache_is_warm(kmod)  # first run: nothing cached
     _fake_index(cache, kmod, "add", 6, version, digest)
     assert numba_cache_is_warm(kmod)  # mul may simply never be called
@@ -196,10 +197,10 @@ def test_numba_cache_dir_env_and_user_wide_fallback(kmod, tmp_path, monkeypatch)
     folder = os.path.dirname(os.path.abspath(kmod))
     sub = "pkg_" + hashlib.sha1(folder.encode()).hexdigest()
     env = {"NUMBA_CACHE_DIR": str(tmp_path / "nc")}
-    assert report.numba_cache_dir(kmod, env) == tmp_path / "nc" / sub
+    assert jit.numba_cache_dir(kmod, env) == tmp_path / "nc" / sub
     monkeypatch.setattr(os, "access", lambda p, m, **k: False)
     if sys.platform.startswith("linux"):
-        assert report.numba_cache_dir(kmod, {"XDG_CACHE_HOME": str(tmp_path / "xdg")}) == \
+        assert jit.numba_cache_dir(kmod, {"XDG_CACHE_HOME": str(tmp_path / "xdg")}) == \
             tmp_path / "xdg" / "numba" / sub
 
 
@@ -208,7 +209,7 @@ def test_agrees_with_numba_itself(kmod, tmp_path):
     pytest.importorskip("numba")
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{kmod.parent}",
            "NUMBA_CACHE_DIR": str(tmp_path / "nc")}
-    check = ("import sys; from opweave_planner.report import numba_cache_is_warm as w; "
+    check = ("import sys; from opweave_planner.jit import numba_cache_is_warm as w; "
              f"print(w({str(kmod)!r}), 'numba' in sys.modules)")
     run = lambda code: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                                       text=True, timeout=300, check=True).stdout.split()
@@ -218,5 +219,5 @@ def test_agrees_with_numba_itself(kmod, tmp_path):
 
 
 def test_shipped_kernel_files_exist():
-    files = report.kernel_files()
-    assert files and all(f.is_file() and report._cached_functions(f.read_text()) for f in files)
+    files = jit.kernel_files()
+    assert files and all(f.is_file() and jit._cached_functions(f.read_text()) for f in files)

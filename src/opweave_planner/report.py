@@ -6,17 +6,12 @@ inside the functions) so that `opweave-plan --help` stays fast.
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import hashlib
-import io
 import os
-import pickle
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -435,140 +430,6 @@ class Progress:
         return f"{self.phase}: {count} done in {format_duration(self.elapsed())}"
 
 
-# --------------------------------------------------------------------------- #
-# numba's on-disk cache, read without importing numba
-# --------------------------------------------------------------------------- #
-
-KERNEL_FILES = ("search/walk.py", "search/points.py", "search/bounds.py", "search/evaluate.py",
-                "schedule/kernels.py")
-"""The package's numba modules a plan search compiles (relative to the package folder)."""
-
-
-def kernel_files(names: Iterable[str] = KERNEL_FILES) -> list[Path]:
-    return [Path(__file__).resolve().parent / n for n in names]
-
-
-# the kernel modules' names for njit(cache=True, ...) (search/problem.py, schedule/kernels.py)
-CACHED_DECORATORS = ("kernel", "_kernel", "hot", "inner", "_inner", "inner_inline", "hot_inline")
-
-
-def _cached_functions(source: str) -> list[tuple[str, int]]:
-    """(qualname, first line) of every ``@njit(cache=True, ...)``/``@jit(cache=True, ...)`` function
-    and every one decorated by a name in CACHED_DECORATORS."""
-    out: list[tuple[str, int]] = []
-
-    def cached(dec: ast.expr) -> bool:
-        if isinstance(dec, ast.Name) and dec.id in CACHED_DECORATORS:
-            return True
-        if not isinstance(dec, ast.Call):
-            return False
-        f = dec.func
-        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-        return name in ("njit", "jit", "generated_jit", "vectorize", "guvectorize") and any(
-            k.arg == "cache" and isinstance(k.value, ast.Constant) and k.value.value is True
-            for k in dec.keywords)
-
-    def visit(body: list[ast.stmt], prefix: str) -> None:
-        for node in body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(map(cached, node.decorator_list)):
-                out.append((prefix + node.name, node.decorator_list[0].lineno))
-            elif isinstance(node, ast.ClassDef):
-                visit(node.body, f"{prefix}{node.name}.")
-
-    visit(ast.parse(source).body, "")
-    return out
-
-
-def _user_cache_root(environ) -> Path:
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "numba"
-    base = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "numba"
-
-
-def _subpath(module_file: str) -> str:
-    folder = os.path.dirname(os.path.abspath(module_file))
-    return "_".join([os.path.split(folder)[-1], hashlib.sha1(folder.encode()).hexdigest()])
-
-
-def numba_cache_dir(module_file: str | os.PathLike, environ=None) -> Path:
-    """Where numba caches ``module_file``'s functions: NUMBA_CACHE_DIR/<dir>_<sha1>, else a
-    writable ``__pycache__`` next to it, else the user-wide cache (~/.cache/numba/<dir>_<sha1>)."""
-    environ = os.environ if environ is None else environ
-    module_file = os.fspath(module_file)
-    if environ.get("NUMBA_CACHE_DIR"):
-        return Path(environ["NUMBA_CACHE_DIR"]) / _subpath(module_file)
-    in_tree = Path(os.path.dirname(os.path.abspath(module_file))) / "__pycache__"
-    probe = in_tree if in_tree.exists() else in_tree.parent
-    if os.access(probe, os.W_OK | os.X_OK):
-        return in_tree
-    return _user_cache_root(environ) / _subpath(module_file)
-
-
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module, name):  # the index header is a plain str; refuse anything else
-        raise pickle.UnpicklingError("unexpected object in a numba index header")
-
-
-def _numba_version() -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version("numba")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _index_is_fresh(index: Path, version: str | None, digest: bytes, src_mtime: float) -> bool:
-    try:
-        stream = io.BytesIO(index.read_bytes())
-        header = _NoGlobals(stream).load()
-        rest = stream.read()
-        mtime = index.stat().st_mtime
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
-        return False
-    return header == version and (digest in rest or mtime >= src_mtime)
-
-
-def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
-                        functions: Iterable[str] | None = None) -> bool:
-    """Whether numba will load ``module_file``'s kernels from its cache instead of compiling.
-
-    An index (``*.nbi``) is fresh when the installed numba wrote it for this source (its
-    SHA-256 is in the index, as numba >= 0.6x stamps it; older numba stamps mtime, so an
-    index newer than the source counts). Warm: every one of ``functions`` (qualnames) has
-    a fresh index, or, by default, at least one ``cache=True`` function does; functions a
-    command never calls never get an index, and after a source edit the ones it calls are
-    rewritten first. Never imports numba.
-    """
-    module_file = Path(module_file)
-    try:
-        source = module_file.read_bytes()
-        cached = _cached_functions(source.decode("utf-8"))
-        src_mtime = module_file.stat().st_mtime
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return False
-    if functions is not None:
-        wanted = set(functions)
-        cached = [(q, ln) for q, ln in cached if q in wanted]
-        if len(cached) < len(wanted):
-            return False  # a name that is not a cached function of this module
-    if not cached:
-        return True
-    version = _numba_version()
-    folder = numba_cache_dir(module_file, environ)
-    digest = hashlib.sha256(source).digest()
-    tag = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"
-    fresh = [_index_is_fresh(folder / f"{module_file.stem}.{q}-{ln}.{tag}.nbi", version, digest, src_mtime)
-             for q, ln in cached]
-    return all(fresh) if functions is not None else any(fresh)
-
-
-def kernels_cache_is_warm(names: Iterable[str] = KERNEL_FILES, environ=None) -> bool:
-    """`numba_cache_is_warm` over the package's search kernels."""
-    return all(numba_cache_is_warm(f, environ) for f in kernel_files(names))
-
-
 # 11-13 s (a fixed context) and 16 s (a workload) of compilation on the 2-core development
 # machine (benchmarks/bench_before_after.py, "cold compile" rows), 24 s for the README's first
 # command's whole search in a fresh environment
@@ -579,7 +440,7 @@ COMPILE_NOTICE = ("compiling the numba search kernels (first run only; typically
 def announce_compile(kernels_cached: bool, *, enabled: bool = True, file=None,
                      what: str = COMPILE_NOTICE) -> bool:
     """One stderr line before numba compiles for the first time; the caller decides (see
-    `kernels_cache_is_warm`). Returns whether it printed."""
+    `jit.kernels_cache_is_warm`). Returns whether it printed."""
     if kernels_cached or not enabled:
         return False
     try:

@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
-from numba import njit
 
 from opweave_planner.afd.provisioning import LatencyCoefficients
 from opweave_planner.afd.request import (
@@ -44,11 +43,12 @@ from opweave_planner.afd.request import (
 )
 from opweave_planner.afd.workload import Workload
 from opweave_planner.errors import UserError
+from opweave_planner.jit import entry
 
 StartState = Literal["stationary", "cold"]
 
 
-@njit(cache=True, no_cfunc_wrapper=True)  # no C-callable wrapper: never passed as a value
+@entry
 def _bundle_kernel(
     coef,
     batch,

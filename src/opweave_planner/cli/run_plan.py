@@ -24,7 +24,7 @@ def unmeasured(profiles: str | None, gpus) -> list[str]:
 
 
 def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
-    from opweave_planner import api, report
+    from opweave_planner import api, jit, report
     from opweave_planner.atomic import check_writable, write_atomic
     from opweave_planner.errors import InfeasibleError
     from opweave_planner.plan import plan_bytes
@@ -32,7 +32,7 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     if out:
         check_writable(out, "--out")  # before a long search, not after it
     req = api.make_request(**settings)
-    report.announce_compile(report.kernels_cache_is_warm(), enabled=not quiet)
+    report.announce_compile(jit.kernels_cache_is_warm(), enabled=not quiet)
     start = time.perf_counter()
     with report.Progress("templates", enabled=not quiet) as bar:
         result, infeasible = api.plan(req, jobs=jobs, progress=bar)

@@ -27,9 +27,10 @@ inputs (``reference.check_inputs`` does).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba.extending import overload
+
+from opweave_planner.jit import entry, kernel
 
 #: Iterations of the periodicity search before falling back to the cycle-mean computation.
 MAX_ITERATIONS = 64
@@ -44,14 +45,6 @@ CRIT_COMPUTE = 0
 CRIT_EGRESS = 1
 CRIT_INGRESS = 2
 CRIT_LOOP = 3
-
-
-# helpers only these kernels call: no CPython wrapper (less code for numba to re-optimise into
-# every caller); calling one from Python would crash, tests/test_architecture.py checks
-_inner = numba.njit(cache=True, no_cfunc_wrapper=True, no_cpython_wrapper=True)
-# and none gets numba's C-callable (cfunc) wrapper: nothing passes a kernel around as a value,
-# and numba would link that wrapper into every caller too
-_kernel = numba.njit(cache=True, no_cfunc_wrapper=True)
 
 
 def at(t, j, k):
@@ -86,21 +79,21 @@ def _stage_work(t, j, mu):
     return per_microbatch
 
 
-@_inner
+@kernel
 def scratch_sizes(n_stages, mu, n_owners):
     """Lengths (float64, int64) of the scratch buffers ``simulate_rtt_scratch`` needs."""
     n_state = 3 * n_owners + mu
     return n_state * (HISTORY + 1) + HISTORY, n_state
 
 
-@_kernel
+@entry
 def make_scratch(n_stages, mu, n_owners):
     """Allocate the scratch buffers for one (shape, mu, n_owners); reuse them across calls."""
     nf, ni = scratch_sizes(n_stages, mu, n_owners)
     return np.empty(nf, np.float64), np.empty(ni, np.int64)
 
 
-@_inner
+@kernel
 def _used_components(owner, mu, n_owners, idx):
     """Write the indices of the state components that the schedule reads into ``idx``.
 
@@ -129,7 +122,7 @@ def _used_components(owner, mu, n_owners, idx):
     return n
 
 
-@_kernel
+@entry
 def _one_iteration(owner, t, occ, lat, mu, n_owners, x):
     """Apply F in place: run every action of one iteration in the global (j, k) order.
 
@@ -161,7 +154,7 @@ def _one_iteration(owner, t, occ, lat, mu, n_owners, x):
         x[o] = cf
 
 
-@_inner
+@kernel
 def _work_scale(owner, t, occ, lat, mu):
     """Total work of one iteration, mu * (sum t + sum occ) + sum lat (transfers only)."""
     S = owner.shape[0]
@@ -174,7 +167,7 @@ def _work_scale(owner, t, occ, lat, mu):
     return w
 
 
-@_inner
+@kernel
 def _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iterations):
     """Iterate F until the normalised state repeats.
 
@@ -222,7 +215,7 @@ def _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteration
     return np.nan, max_iterations, 0
 
 
-@_kernel
+@entry
 def transition_matrix(owner, t, occ, lat, mu, n_owners):
     """One-iteration max-plus matrix over the used state components.
 
@@ -247,7 +240,7 @@ def transition_matrix(owner, t, occ, lat, mu, n_owners):
     return A, idx
 
 
-@_kernel
+@kernel
 def max_cycle_mean(A):
     """Maximum cycle mean of the graph with edge b -> a of weight A[a, b] (Karp, all sources).
 
@@ -279,14 +272,14 @@ def max_cycle_mean(A):
     return lam
 
 
-@_kernel
+@entry
 def rtt_by_cycle_mean(owner, t, occ, lat, mu, n_owners):
     """T_rtt as the maximum cycle mean of the one-iteration matrix (the fallback path)."""
     A, _ = transition_matrix(owner, t, occ, lat, mu, n_owners)
     return max_cycle_mean(A)
 
 
-@_kernel
+@entry
 def simulate_rtt_info(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iterations):
     """T_rtt plus how it was found: (t_rtt, iterations, period, used_fallback)."""
     rtt, it, c = _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iterations)
@@ -295,7 +288,7 @@ def simulate_rtt_info(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteratio
     return rtt, it, c, False
 
 
-@numba.njit(cache=True, no_cfunc_wrapper=True, inline='always')
+@entry(inline=True)
 def simulate_rtt_scratch(owner, t, occ, lat, mu, n_owners, fbuf, ibuf):
     """``simulate_rtt`` with caller-owned scratch from ``make_scratch`` (no allocation)."""
     rtt, _, c = _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, MAX_ITERATIONS)
@@ -304,7 +297,7 @@ def simulate_rtt_scratch(owner, t, occ, lat, mu, n_owners, fbuf, ibuf):
     return rtt
 
 
-@_inner
+@kernel
 def simulate_rtt_per_microbatch(owner, t2, occ, lat, mu, n_owners, fbuf, ibuf):
     """Steady-state period when stage j of microbatch k computes for ``t2[j, k]`` (``[S, >= mu]``):
     microbatches of different contexts. An iteration still runs every microbatch once, so the
@@ -312,14 +305,14 @@ def simulate_rtt_per_microbatch(owner, t2, occ, lat, mu, n_owners, fbuf, ibuf):
     return simulate_rtt_scratch(owner, t2, occ, lat, mu, n_owners, fbuf, ibuf)
 
 
-@_kernel
+@entry
 def simulate_rtt(owner, t, occ, lat, mu, n_owners):
     """Steady-state time between consecutive iterations of one microbatch (unit of inputs)."""
     fbuf, ibuf = make_scratch(owner.shape[0], mu, n_owners)
     return simulate_rtt_scratch(owner, t, occ, lat, mu, n_owners, fbuf, ibuf)
 
 
-@_kernel
+@entry
 def simulate_many(owner, T, OCC, LAT, mu, n_owners):
     """``simulate_rtt`` for every row of T, OCC, LAT (float64[n, S]) with one shared owner."""
     n = T.shape[0]
@@ -330,7 +323,7 @@ def simulate_many(owner, T, OCC, LAT, mu, n_owners):
     return out
 
 
-@_kernel
+@kernel
 def busy_fractions(owner, t, occ, mu, n_owners, t_rtt):
     """Per-owner compute, egress and ingress busy fractions for a given T_rtt."""
     S = owner.shape[0]
@@ -355,7 +348,7 @@ def busy_fractions(owner, t, occ, mu, n_owners, t_rtt):
     return comp, egr, ing
 
 
-@_kernel
+@kernel
 def critical_resource(comp, egr, ing):
     """(kind, index) of the busiest saturated resource, or (CRIT_LOOP, -1) if none is.
 
@@ -380,7 +373,7 @@ def critical_resource(comp, egr, ing):
     return CRIT_LOOP, -1
 
 
-@_inner
+@kernel
 def _largest(arr):
     """The largest entry (-inf for none): a loop, not arr.max(), which compiles numba's generic reduction."""
     top = -np.inf
@@ -389,7 +382,7 @@ def _largest(arr):
     return top
 
 
-@_inner
+@kernel
 def _first_at_least(arr, cut):
     """Index of the first entry >= cut, -1 if none: the lowest owner wins a tie."""
     for o in range(arr.shape[0]):
@@ -398,7 +391,7 @@ def _first_at_least(arr, cut):
     return -1
 
 
-@_kernel
+@entry
 def simulate_detail(owner, t, occ, lat, mu, n_owners):
     """(t_rtt, owner_busy, egress_busy, ingress_busy, critical_kind, critical_index).
 

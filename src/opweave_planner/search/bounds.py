@@ -10,11 +10,11 @@ evaluator, at the optimistic microbatch and the fastest link still possible.
 
 from __future__ import annotations
 
+from opweave_planner.jit import kernel
 from opweave_planner.search.evaluate import transfer_occupancy
-from opweave_planner.search.problem import hot
 
 
-@hot
+@kernel(refcount=False)
 def lower_bound(ot, pts, sc, level, B, mu, link_bw, link_lat):
     """(T_rtt bound µs, cost-rate sum bound, GPUs bound); uses sc.bhf/eg/ing as scratch."""
     # tuple fields bound to locals once: numba reference-counts every field access

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from opweave_planner.jit import entry, kernel
 from opweave_planner.schedule.kernels import (
     busy_fractions,
     critical_resource,
@@ -36,17 +37,13 @@ from opweave_planner.search.problem import (
     Problem,
     Scratch,
     Selection,
-    hot_inline,
-    inner,
-    inner_inline,
-    kernel,
     objective_flags,
 )
 
 NODE_TOL = 1e-9
 
 
-@kernel
+@entry
 def range_sum(pref, start, end):
     """Sum over the cyclic operator range [start, end) from a prefix-sum row."""
     if end > start:
@@ -54,32 +51,32 @@ def range_sum(pref, start, end):
     return pref[pref.shape[0] - 1] - pref[start] + pref[end]
 
 
-@kernel
+@entry
 def stage_time(pref_row, start, end, fixed):
     """A stage's compute time per microbatch: its operators' latencies plus the fixed
     dispatch cost every stage pays however small (a graph launch after its input arrives)."""
     return range_sum(pref_row, start, end) + fixed
 
 
-@inner
+@kernel
 def transfer_occupancy(payload, bh_send, bh_recv, bw):
     return payload * max(bh_send, bh_recv) / bw
 
 
-@inner
+@kernel
 def transfer_fixed(p, c_send, c_recv):
     """One NCCL send/recv call per hand-off: the slower endpoint's fixed cost (µs)."""
     return max(p.cfg_transfer_fixed[c_send], p.cfg_transfer_fixed[c_recv])
 
 
-@inner
+@kernel
 def memory_need(units, weights, kv_per_unit, kv_per_request, workspace_per_request, mu, bh):
     """Bytes per GPU of a replica holding mu x bh resident requests (units: Problem.units)."""
     n = mu * bh
     return weights + units[n] * kv_per_unit + n * kv_per_request + bh * workspace_per_request
 
 
-@kernel
+@entry
 def cost_rate(latency_objective, k, price, tp, mu, bh):
     """USD per GPU-hour per resident request of one owner point (1/k: the latency objective)."""
     if latency_objective:
@@ -87,7 +84,7 @@ def cost_rate(latency_objective, k, price, tp, mu, bh):
     return price * tp / (mu * bh)
 
 
-@hot_inline
+@kernel(inline=True, refcount=False)
 def fabric(p):
     """The GPUs and links of a Problem or a Hot (same field names), as one small tuple: the
     link and node rules then compile once, not once per tuple type that carries them. It
@@ -95,7 +92,7 @@ def fabric(p):
     return Fabric(p.cfg_gpu, p.cfg_node, p.cfg_tp, p.cfg_intra_bw, p.bw, p.lat, p.intra_lat)
 
 
-@inner
+@kernel
 def plan_link(f, cfg, gpus):
     """(bytes/µs, latency µs, intra-node?) of the stage hand-offs of a complete plan (f: Fabric)."""
     c0 = cfg[0]
@@ -107,7 +104,7 @@ def plan_link(f, cfg, gpus):
     return f.bw, f.lat, False
 
 
-@inner
+@kernel
 def plan_gpus(f, cfg, replicas):
     g = 0.0
     for o in range(cfg.shape[0]):
@@ -115,7 +112,7 @@ def plan_gpus(f, cfg, replicas):
     return g
 
 
-@inner
+@kernel
 def plan_nodes(f, cfg, replicas):
     """Nodes a plan occupies: one when its hand-offs are intra-node, else each owner's
     replicas packed into its GPU type's nodes (a TP group never spans nodes)."""
@@ -134,7 +131,7 @@ def plan_nodes(f, cfg, replicas):
     return nodes
 
 
-@inner
+@kernel
 def stage_vectors(p, sc, link_bw, link_lat):
     """Fill compute time, hand-off occupancy and link latency per stage (µs) of the selection
     in sc.cfg / sc.mb / sc.bh."""
@@ -152,7 +149,7 @@ def stage_vectors(p, sc, link_bw, link_lat):
             sc.latv[j] = 0.0
 
 
-@inner
+@kernel
 def owner_bytes(p, o, c, mu, bh):
     """Bytes per GPU owner o needs in config c at microbatch bh."""
     w = 0.0
@@ -166,14 +163,14 @@ def owner_bytes(p, o, c, mu, bh):
     return memory_need(p.units, w, kv, kvc, p.cfg_ws[c], mu, bh)
 
 
-@kernel
+@entry
 def owner_need(p, o, c, mu, bh):
     """`owner_bytes` for Python (the brute-force test). Kernels call owner_bytes itself: a
     callee's CPython wrapper, which unboxes a whole Problem, is linked into every caller."""
     return owner_bytes(p, o, c, mu, bh)
 
 
-@inner_inline
+@kernel(inline=True)
 def evaluate_into(p, mu, sc):
     """The leaf: stage vectors of the selection in sc into sc, then the simulator (µs)."""
     link_bw, link_lat, _intra = plan_link(fabric(p), sc.cfg, plan_gpus(fabric(p), sc.cfg, sc.rep))
@@ -181,7 +178,7 @@ def evaluate_into(p, mu, sc):
     return simulate_rtt_scratch(p.stage_owner, sc.t, sc.occ, sc.latv, mu, p.k, sc.fbuf, sc.ibuf)
 
 
-@inner
+@kernel
 def new_scratch(p, seed_cost):
     s, k, g, mu = p.stage_owner.shape[0], p.k, p.knots.shape[0], p.max_mu
     fbuf, ibuf = make_scratch(s, mu, k)
@@ -197,7 +194,7 @@ def new_scratch(p, seed_cost):
 # --------------------------------------------------------------------------- a workload
 
 
-@kernel
+@entry
 def order_index(n, pct):
     """k of the percentile's order statistic x_(k) of n samples: k = ceil(n pct), numpy's
     'inverted_cdf' (never an interpolation, so a pointwise lower bound stays one)."""
@@ -205,14 +202,14 @@ def order_index(n, pct):
     return min(max(k, 1), n)
 
 
-@inner
+@kernel
 def sample_groups(p, sc):
     """Independent systems per snapshot: a one-owner plan's replicas each give a sample; with
     several owners the replicas are coupled by the barrier and a snapshot gives one."""
     return sc.rep[0] if p.k == 1 else 1
 
 
-@inner
+@kernel
 def knot_stage_times(p, sc):
     """sc.kt[j, g]: stage j's compute time per microbatch at context knot g (selection in sc)."""
     for j in range(p.stage_owner.shape[0]):
@@ -222,7 +219,7 @@ def knot_stage_times(p, sc):
             sc.kt[j, g] = stage_time(p.kpref[c, m, g], p.stage_start[j], p.stage_end[j], p.cfg_stage_fixed[c])
 
 
-@inner
+@kernel
 def locate(knots, x):
     """(g, w) with x = (1 - w) knots[g] + w knots[g + 1], clamped to the knot range."""
     last = knots.shape[0] - 1
@@ -240,14 +237,14 @@ def locate(knots, x):
     return lo, (x - knots[lo]) / (knots[lo + 1] - knots[lo])
 
 
-@inner
+@kernel
 def knot_time(kt, j, g, w):
     """Stage j's time at the context (g, w): linear between the two knots around it."""
     a = kt[j, g]
     return a + w * (kt[j, g + 1] - a)
 
 
-@inner
+@kernel
 def scenario_contexts(p, s, B, mu, group, sc):
     """Knot position (sc.cg, sc.cw) of each (microbatch, owner) of scenario s.
 
@@ -274,7 +271,7 @@ def scenario_contexts(p, s, B, mu, group, sc):
             sc.cw[i, o] = w
 
 
-@inner
+@kernel
 def scenario_tpots(p, B, mu, sc, cap, fail_cap):
     """sc.samples[:n] = the steady-state period of each scenario (one owner: of each replica),
     with per-microbatch stage times; returns n, or -1 as soon as more than `fail_cap` samples
@@ -300,7 +297,7 @@ def scenario_tpots(p, B, mu, sc, cap, fail_cap):
     return n
 
 
-@inner
+@kernel
 def evaluate_workload_into(p, B, mu, sc, cap):
     """(percentile TPOT, mean TPOT) µs of the selection in sc under the workload's scenarios;
     (inf, inf) as soon as the percentile is sure to exceed `cap` µs (the search passes the SLO,
@@ -317,7 +314,7 @@ def evaluate_workload_into(p, B, mu, sc, cap):
     return vals[kk - 1], vals.sum() / n
 
 
-@inner_inline
+@kernel(inline=True)
 def _selected(p, cfg, mb, replicas):
     """A fresh scratch holding the given selection, as the walk's `_select` leaves it."""
     sc = new_scratch(p, np.inf)
@@ -327,7 +324,7 @@ def _selected(p, cfg, mb, replicas):
     return sc
 
 
-@inner_inline
+@kernel(inline=True)
 def _workload_times(p, B, mu, sc):
     """(checked, mean, shown) TPOT and the sorted scenario samples of the selection in sc."""
     t_check, t_mean = evaluate_workload_into(p, B, mu, sc, np.inf)
@@ -343,7 +340,7 @@ def _workload_times(p, B, mu, sc):
     return t_check, t_mean, t_show, samples
 
 
-@kernel
+@entry
 def _detail(p, B, mu, cfg, mb, replicas, fixed, workload):
     """The plan writer's one entry point: `Evaluation`'s fields for one selection, scored as the
     leaf scores it. fixed / workload: the objective's flags, exactly one None (`objective_flags`)."""
@@ -358,7 +355,7 @@ def _detail(p, B, mu, cfg, mb, replicas, fixed, workload):
     return (t_check, t_mean, t_show, samples, sc.t, sc.occ, sc.latv) + _figures(p, mu, cfg, mb, replicas, sc, t_show)
 
 
-@inner_inline
+@kernel(inline=True)
 def _figures(p, mu, cfg, mb, replicas, sc, t_show):
     """Everything else a plan states about the selection in sc (stage vectors already there)."""
     s, k = p.stage_owner.shape[0], p.k

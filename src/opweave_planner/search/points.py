@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from opweave_planner.jit import kernel
 from opweave_planner.search.evaluate import cost_rate, memory_need, range_sum, stage_time
-from opweave_planner.search.problem import hot, hot_inline, inner_inline
 
 # counter slots (Counters field order)
 C_CAND, C_SIM, C_BOUND, C_FRONT = 0, 1, 2, 3
@@ -53,7 +53,7 @@ class Points(NamedTuple):
     keep: np.ndarray  # bool[pmax]: frontier scratch
 
 
-@inner_inline
+@kernel(inline=True)
 def owner_tables(p):
     owner, start, end, payload, ok = p.stage_owner, p.stage_start, p.stage_end, p.payload, p.cfg_ok
     pref, wpref, kvpref, kvcpref, fixed, kpref = p.pref, p.wpref, p.kvpref, p.kvcpref, p.cfg_stage_fixed, p.kpref
@@ -103,7 +103,7 @@ def owner_tables(p):
     return OwnerTables(tab, count, pos, wown, kvown, kvcown, dom, p.knot_free, pair_payload, n_cross)
 
 
-@inner_inline
+@kernel(inline=True)
 def new_points(p):
     k, pmax = p.k, p.pref.shape[0] * p.max_rep
     return Points(np.zeros((k, pmax), np.int64), np.zeros((k, pmax), np.int64),
@@ -112,7 +112,7 @@ def new_points(p):
                   np.empty(k), np.empty(k), np.empty(k), np.empty(k), np.empty(pmax, np.bool_))
 
 
-@hot_inline
+@kernel(inline=True, refcount=False)
 def build_points(p, ot, o, B, mu, pts):
     """Memory-feasible points of owner o at (B, mu); returns their count."""
     npts = 0
@@ -143,7 +143,7 @@ def build_points(p, ot, o, B, mu, pts):
     return npts
 
 
-@hot_inline
+@kernel(inline=True, refcount=False)
 def _dominates(tab, length, step, r, c, m, a, b):
     """Point a no worse than b in cost rate and every stage time, strictly somewhere (every
     `step`-th entry of the dominance table: 1 compares the knot times too)."""
@@ -160,7 +160,7 @@ def _dominates(tab, length, step, r, c, m, a, b):
     return strict
 
 
-@hot
+@kernel(refcount=False)
 def pareto_filter(p, ot, o, cross_type, pts, counters):
     """Keep the network-safe frontier: dominance only at equal TP and equal b (equal transfer
     sizes and GPU count), with no dearer NCCL call, and across GPU types only when no candidate
@@ -191,7 +191,7 @@ def pareto_filter(p, ot, o, cross_type, pts, counters):
     pts.count[o] = w
 
 
-@hot_inline
+@kernel(inline=True, refcount=False)
 def _key_less(r, rho, bh, total, c, n, a, b):
     if r[a] != r[b]:
         return r[a] < r[b]
@@ -206,12 +206,12 @@ def _key_less(r, rho, bh, total, c, n, a, b):
     return n[a] < n[b]
 
 
-@hot
+@kernel(refcount=False)
 def _swap(arr, a, b):
     arr[a], arr[b] = arr[b], arr[a]
 
 
-@hot
+@kernel(refcount=False)
 def sort_points(pts, o):
     """Insertion sort by (r, rho, b, sum T, config, n), then the per-owner minima."""
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]

@@ -15,30 +15,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
-
-# No kernel gets numba's C-callable (cfunc) wrapper: it exists to pass a compiled function
-# around as a value, which nothing here does, yet numba builds one for every function and links
-# it into each caller's module (dropping it cut the planner's cold compile by about a tenth, 14.3 -> 12.9 s,
-# measured cold-minus-warm as bench_before_after.py does). `kernel`: an entry
-# point Python calls.
-kernel = njit(cache=True, no_cfunc_wrapper=True)
-# Kernels only other kernels call are compiled without a CPython wrapper either (`inner`): the
-# wrapper that unboxes a 40-array Problem is large code, and numba links and re-optimises
-# every callee's module, wrapper included, into each caller, so the wrappers were about a
-# quarter of the planner's cold compile. Calling one from Python crashes the interpreter;
-# tests/test_architecture.py checks that nothing does.
-inner = njit(cache=True, no_cfunc_wrapper=True, no_cpython_wrapper=True)
-# Numba reference-counts arrays with atomic operations; in the search's inner loops that
-# bookkeeping took about 40 % of the time (perf, gemma-3-27b on H100). Inner-loop functions
-# that allocate nothing are compiled without it: they only borrow arrays their caller owns.
-hot = njit(cache=True, no_cfunc_wrapper=True, _nrt=False, no_cpython_wrapper=True)
-# A kernel with one call site (or a thin wrapper) is inlined into its caller before typing:
-# one compiled module fewer, whose closure numba would otherwise re-optimise once more. Only
-# into a caller of the same kind: a `hot` body inlined into a reference-counting caller would
-# get the reference counting back.
-inner_inline = njit(cache=True, no_cfunc_wrapper=True, no_cpython_wrapper=True, inline='always')
-hot_inline = njit(cache=True, no_cfunc_wrapper=True, _nrt=False, no_cpython_wrapper=True, inline='always')
 
 PRUNE_EPS = 1e-12  # pruning / SLO margin: a candidate that could tie is never pruned
 

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from opweave_planner.jit import entry, kernel
 from opweave_planner.search.bounds import lower_bound
 from opweave_planner.search.evaluate import (
     NODE_TOL,
@@ -42,24 +43,20 @@ from opweave_planner.search.problem import (
     Problem,
     SearchResult,
     Selection,
-    hot,
-    hot_inline,
-    inner_inline,
-    kernel,
     objective_flags,
 )
 
 EPS = PRUNE_EPS
 
 
-@hot_inline
+@kernel(inline=True, refcount=False)
 def _select(pts, sc, k):
     for o in range(k):
         q = sc.sel[o]
         sc.cfg[o], sc.mb[o], sc.bh[o], sc.rep[o] = pts.c[o, q], pts.m[o, q], pts.bh[o, q], pts.n[o, q]
 
 
-@inner_inline
+@kernel(inline=True)
 def _leaf(h, p, pts, sc, B, mu, fixed, workload):
     """Simulate a complete assignment that survived the bounds; keep it if it is the best.
 
@@ -92,7 +89,7 @@ def _leaf(h, p, pts, sc, B, mu, fixed, workload):
             sc.best_i[4 + 3 * o] = sc.mb[o]
 
 
-@hot
+@kernel(refcount=False)
 def walk(h, ot, pts, sc, B, mu, opt_link):
     """DFS over the product of the owners' sorted frontiers at one (B, mu).
 
@@ -144,7 +141,7 @@ def walk(h, ot, pts, sc, B, mu, opt_link):
     return False
 
 
-@hot
+@kernel(refcount=False)
 def _collect(h, ot, B, mu, pts):
     """Build every owner's points; -1 when an owner has none, else the summed minimum rho."""
     rho_floor = 0.0
@@ -158,7 +155,7 @@ def _collect(h, ot, B, mu, pts):
     return rho_floor
 
 
-@kernel
+@entry
 def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
     # fixed / workload: the objective's flags from `objective_flags`, exactly one of them None;
     # the None one's branches are dropped at compile time, so each mode compiles only its own kernels

@@ -1,0 +1,260 @@
+"""The numba policy: how every kernel of the package is compiled, and how we know it is cached.
+
+Two decorators say what a kernel is; nothing else in the package calls `numba.njit`.
+
+- `entry`: a kernel Python calls (the search, the plan writer's evaluation, the simulator's
+  public kernels, a few scalar rules the tests call). Numba builds its CPython wrapper.
+- `kernel`: a kernel only other kernels call, compiled without a CPython wrapper. Numba links
+  each callee's module, wrapper included, into every caller and re-optimises it there, and the
+  wrapper that unboxes a whole Problem is large: the wrappers were about a quarter of the
+  planner's cold compile. Calling one from Python crashes the interpreter (no exception), so
+  tests/test_architecture.py checks, on a call graph of the package, tests and benchmarks,
+  that nothing does. Where Python needs one too, a thin `entry` door calls it.
+
+Options of either:
+
+- `inline=True`: inlined into its caller before typing (a kernel with one call site, or a thin
+  helper): one compiled module fewer, whose closure numba would otherwise re-optimise once more.
+- `refcount=False` (`kernel` only): compiled without reference counting. Numba counts array
+  references with atomic operations; in the search's inner loops that took about 40 % of the
+  time (perf, gemma-3-27b on H100). Only for kernels that allocate nothing (they borrow their
+  caller's arrays), and an inlined one only into a caller of the same kind, or the counting
+  comes back.
+
+Every kernel is cached on disk (`cache=True`) and none gets numba's C-callable (cfunc) wrapper:
+it exists to pass a compiled function around as a value, which nothing here does, yet numba
+builds it for every function and links it into each caller (dropping it cut the planner's cold
+compile by about a tenth, 14.3 -> 12.9 s).
+
+`shared(fn)` lets kernels call a plain-Python rule that Python code calls too (the rule is
+written once, in a module that does not import numba).
+
+Reliance on numba internals, stated once: `no_cpython_wrapper` and `no_cfunc_wrapper` are
+undocumented `njit` options, `_nrt` a private one, and the cache check below reads numba's
+cache index format. numba is pinned below 1 (pyproject.toml); a numba that drops an option
+fails every kernel at its first compile with a KeyError naming it, and the test
+`test_the_installed_numba_takes_every_option` says so first (docs/architecture.md: how to test
+the newest numba).
+
+Importing this module does not import numba (the decorators import it when applied), so the
+cache check runs before a first compile and `opweave-plan --help` stays light.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import os
+import pickle
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+#: The options every kernel is compiled with.
+BASE_OPTIONS = {"cache": True, "no_cfunc_wrapper": True}
+
+#: The package's kernel modules a plan search compiles (relative to the package folder); the
+#: first-run compile notice looks at their caches. tests/test_architecture.py checks that these
+#: are exactly the kernel modules search.walk and search.evaluate import, themselves included.
+PLAN_KERNELS = ("search/walk.py", "search/points.py", "search/bounds.py", "search/evaluate.py",
+                "schedule/kernels.py")
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def options(kind: str, *, inline: bool = False, refcount: bool = True) -> dict:
+    """The njit options of a kernel of `kind` ('entry' or 'kernel')."""
+    out = dict(BASE_OPTIONS)
+    if kind == "kernel":
+        out["no_cpython_wrapper"] = True
+    if not refcount:
+        out["_nrt"] = False
+    if inline:
+        out["inline"] = "always"
+    return out
+
+
+def _decorator(fn, opts: dict):
+    def apply(f):
+        import numba
+
+        return numba.njit(**opts)(f)
+
+    return apply if fn is None else apply(fn)
+
+
+def entry(fn: Callable | None = None, *, inline: bool = False):
+    """A kernel Python calls: `@entry` or `@entry(inline=True)`."""
+    return _decorator(fn, options("entry", inline=inline))
+
+
+def kernel(fn: Callable | None = None, *, inline: bool = False, refcount: bool = True):
+    """A kernel only kernels call (no CPython wrapper): `@kernel`, `@kernel(inline=True)`,
+    `@kernel(refcount=False)`."""
+    return _decorator(fn, options("kernel", inline=inline, refcount=refcount))
+
+
+def shared(fn: Callable) -> Callable:
+    """Let kernels call the plain-Python rule `fn` (compiled into each caller); returns `fn`."""
+    from numba.extending import register_jitable
+
+    return register_jitable(fn)
+
+
+#: Decorator names that make a cached kernel (the cache check and the architecture test read them).
+DECORATORS = (entry.__name__, kernel.__name__)
+
+
+# --------------------------------------------------------------------------- the kernels' kinds
+
+def decorator_kind(dec: ast.expr) -> dict | None:
+    """{'kind', 'inline', 'refcount'} of a decorator of ours (`@entry`, `@kernel(...)`, also as
+    `jit.entry`), or None."""
+    target = dec.func if isinstance(dec, ast.Call) else dec
+    name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+    if name not in DECORATORS:
+        return None
+    kw = {k.arg: k.value.value for k in getattr(dec, "keywords", ()) if isinstance(k.value, ast.Constant)}
+    return {"kind": name, "inline": bool(kw.get("inline", False)), "refcount": bool(kw.get("refcount", True))}
+
+
+def kernels_of(source: str) -> dict[str, dict]:
+    """name -> kind of every top-level kernel a module defines with our decorators."""
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef):
+            kinds = [k for k in map(decorator_kind, node.decorator_list) if k]
+            if kinds:
+                out[node.name] = kinds[0]
+    return out
+
+
+def kernel_modules(root: Path = PACKAGE) -> list[str]:
+    """Every module of the package that defines a kernel (relative paths)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                  if "jit" in p.read_text() and kernels_of(p.read_text()))
+
+
+# --------------------------------------------------------------------------- numba's on-disk cache,
+# read without importing numba
+
+def kernel_files(names: Iterable[str] = PLAN_KERNELS) -> list[Path]:
+    return [PACKAGE / n for n in names]
+
+
+def _cached_functions(source: str) -> list[tuple[str, int]]:
+    """(qualname, first line) of every function decorated by one of ours or by
+    ``@njit(cache=True, ...)``/``@jit(cache=True, ...)``."""
+    out: list[tuple[str, int]] = []
+
+    def cached(dec: ast.expr) -> bool:
+        if decorator_kind(dec):
+            return True
+        if not isinstance(dec, ast.Call):
+            return False
+        f = dec.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        return name in ("njit", "jit", "generated_jit", "vectorize", "guvectorize") and any(
+            k.arg == "cache" and isinstance(k.value, ast.Constant) and k.value.value is True
+            for k in dec.keywords)
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(map(cached, node.decorator_list)):
+                out.append((prefix + node.name, node.decorator_list[0].lineno))
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, f"{prefix}{node.name}.")
+
+    visit(ast.parse(source).body, "")
+    return out
+
+
+def _user_cache_root(environ) -> Path:
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "numba"
+    base = environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "numba"
+
+
+def _subpath(module_file: str) -> str:
+    folder = os.path.dirname(os.path.abspath(module_file))
+    return "_".join([os.path.split(folder)[-1], hashlib.sha1(folder.encode()).hexdigest()])
+
+
+def numba_cache_dir(module_file: str | os.PathLike, environ=None) -> Path:
+    """Where numba caches ``module_file``'s functions: NUMBA_CACHE_DIR/<dir>_<sha1>, else a
+    writable ``__pycache__`` next to it, else the user-wide cache (~/.cache/numba/<dir>_<sha1>)."""
+    environ = os.environ if environ is None else environ
+    module_file = os.fspath(module_file)
+    if environ.get("NUMBA_CACHE_DIR"):
+        return Path(environ["NUMBA_CACHE_DIR"]) / _subpath(module_file)
+    in_tree = Path(os.path.dirname(os.path.abspath(module_file))) / "__pycache__"
+    probe = in_tree if in_tree.exists() else in_tree.parent
+    if os.access(probe, os.W_OK | os.X_OK):
+        return in_tree
+    return _user_cache_root(environ) / _subpath(module_file)
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module, name):  # the index header is a plain str; refuse anything else
+        raise pickle.UnpicklingError("unexpected object in a numba index header")
+
+
+def _numba_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("numba")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _index_is_fresh(index: Path, version: str | None, digest: bytes, src_mtime: float) -> bool:
+    try:
+        stream = io.BytesIO(index.read_bytes())
+        header = _NoGlobals(stream).load()
+        rest = stream.read()
+        mtime = index.stat().st_mtime
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
+        return False
+    return header == version and (digest in rest or mtime >= src_mtime)
+
+
+def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
+                        functions: Iterable[str] | None = None) -> bool:
+    """Whether numba will load ``module_file``'s kernels from its cache instead of compiling.
+
+    An index (``*.nbi``) is fresh when the installed numba wrote it for this source (its
+    SHA-256 is in the index, as numba >= 0.6x stamps it; older numba stamps mtime, so an
+    index newer than the source counts). Warm: every one of ``functions`` (qualnames) has
+    a fresh index, or, by default, at least one cached function does; functions a
+    command never calls never get an index, and after a source edit the ones it calls are
+    rewritten first. Never imports numba.
+    """
+    module_file = Path(module_file)
+    try:
+        source = module_file.read_bytes()
+        cached = _cached_functions(source.decode("utf-8"))
+        src_mtime = module_file.stat().st_mtime
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    if functions is not None:
+        wanted = set(functions)
+        cached = [(q, ln) for q, ln in cached if q in wanted]
+        if len(cached) < len(wanted):
+            return False  # a name that is not a cached function of this module
+    if not cached:
+        return True
+    version = _numba_version()
+    folder = numba_cache_dir(module_file, environ)
+    digest = hashlib.sha256(source).digest()
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"
+    fresh = [_index_is_fresh(folder / f"{module_file.stem}.{q}-{ln}.{tag}.nbi", version, digest, src_mtime)
+             for q, ln in cached]
+    return all(fresh) if functions is not None else any(fresh)
+
+
+def kernels_cache_is_warm(names: Iterable[str] = PLAN_KERNELS, environ=None) -> bool:
+    """`numba_cache_is_warm` over the plan search's kernel modules."""
+    return all(numba_cache_is_warm(f, environ) for f in kernel_files(names))
