@@ -84,7 +84,7 @@ def resolve_target(path: str | os.PathLike, field: str | None = None) -> Path:
         raise UserError(f"{_prefix(field)}empty path")
     real = os.path.realpath(text)
     if os.path.islink(real):  # realpath stops on a loop and returns a link
-        raise UserError(f"{_prefix(field)}'{printable(text)}' is a symlink loop")
+        raise UserError(f"{_prefix(field)}'{shown_path(text)}' is a symlink loop")
     return Path(real) if os.path.islink(text) else Path(os.path.abspath(text))
 
 
@@ -226,8 +226,15 @@ def _link_target(text: str) -> str | None:
         return None
 
 
+def shown_path(path: str | os.PathLike) -> str:
+    """A path as an error line shows it: printable, and a very long one cut in the middle
+    (the line must still hold the reason after it)."""
+    text = printable(os.fspath(path))
+    return text if len(text) <= 240 else f"{text[:120]}…{text[-80:]} ({len(text)} characters)"
+
+
 def _input_where(path: str | os.PathLike, field: str | None) -> str:
-    return f"{_prefix(field)}'{printable(os.fspath(path))}'"
+    return f"{_prefix(field)}'{shown_path(path)}'"
 
 
 def _regular(path: str | os.PathLike, field: str | None) -> os.stat_result:
@@ -336,7 +343,7 @@ def write_atomic(path: str | Path, data: bytes, field: str | None = None,
         raise UserError(f"{_prefix(field)}empty path")
     else:
         target = Path(os.path.abspath(os.fspath(path)))
-    where = f"{_prefix(field)}cannot write '{printable(os.fspath(path))}'"
+    where = f"{_prefix(field)}cannot write '{shown_path(path)}'"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -23,16 +23,20 @@ def shipped_dir(name: str) -> Path:
 def check_profiles_dir(profiles_dir: str | Path, field: str = "--profiles") -> Path:
     """A user's profile folder: it must exist, be a folder and hold at least one GPU's tables
     (``<gpu>/system.json``); otherwise every latency would silently come from the roofline."""
-    from opweave_planner.atomic import check_input_folder
+    import os
+
+    from opweave_planner.atomic import check_input_file, check_input_folder, shown_path
     from opweave_planner.errors import UserError
 
     root = check_input_folder(profiles_dir, field)
     try:
-        found = any(p.is_file() for p in root.glob("*/system.json"))
+        there = sorted(p / "system.json" for p in root.iterdir() if os.path.lexists(p / "system.json"))
     except OSError as exc:
-        raise UserError(f"{field}: '{profiles_dir}' cannot be read ({exc.strerror or exc})") from None
-    if not found:
-        raise UserError(f"{field}: '{profiles_dir}' holds no latency profiles (expected "
+        raise UserError(f"{field}: '{shown_path(profiles_dir)}' cannot be read ({exc.strerror or exc})") from None
+    if there and not any(p.is_file() for p in there):  # only FIFOs, folders or dangling links: say which
+        check_input_file(there[0], field)
+    if not there:
+        raise UserError(f"{field}: '{shown_path(profiles_dir)}' holds no latency profiles (expected "
                         f"<gpu>/system.json and <gpu>/<backend>/*.json, as in the shipped profiles/)")
     return root
 

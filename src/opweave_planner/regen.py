@@ -223,8 +223,19 @@ def _safe(text: str) -> str:
 
 def _abs(base: Path, value: object) -> str:
     """`value` relative to the matrix folder, symlinks resolved (os.path.realpath: unlike
-    Path.resolve on 3.11 it never raises on a loop; the input check then names the loop)."""
-    return os.path.realpath(base / str(value))
+    Path.resolve on 3.11 it never raises on a loop). A dangling link or a loop is kept as
+    written, so the input check names it rather than a target that is not there."""
+    given = base / str(value)
+    real = os.path.realpath(given)
+    return real if os.path.exists(real) or not os.path.lexists(given) else os.path.abspath(given)
+
+
+def _workload_value(base: Path, value: object) -> str:
+    """A workloads item: a file relative to the matrix, or an inline law as written (what
+    workload_spec reads as one: a ':' and no trace or law suffix, and no such file)."""
+    text = str(value)
+    inline = ":" in text and not text.lower().endswith((".csv", ".jsonl", ".toml"))
+    return text if inline and not os.path.lexists(base / text) else _abs(base, text)
 
 
 def _list(value: Any, key: str, where: str) -> list:
@@ -281,10 +292,8 @@ def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> lis
     if missing:
         raise UserError(f"{ew}: missing {', '.join(missing)}")
     lists = {k: _list(entry[k], k, ew) for k in axes}
-    if "workloads" in lists:  # files relative to the matrix (anything there: the input check
-        # then says what is wrong with a folder or a FIFO); an inline law as written
-        lists["contexts"] = [_abs(base, w) if os.path.lexists(base / str(w)) else str(w)
-                             for w in lists.pop("workloads")]
+    if "workloads" in lists:
+        lists["contexts"] = [_workload_value(base, w) for w in lists.pop("workloads")]
     rest = {k: v for k, v in entry.items() if k not in axes and k != "space"}
     settings = {**common, **_settings(entry.get("space", {}), f"{ew}: space", base, _settings_keys()),
                 **_settings(rest, ew, base, _settings_keys())}

@@ -28,6 +28,7 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from opweave_planner.data import profiles_root, shipped_dir
 from opweave_planner.errors import UserError
@@ -82,6 +83,12 @@ def within(kind: str, value: float) -> bool:
     return math.isfinite(x) and lo <= x and (x < hi if open_hi else x <= hi)
 
 
+def _invalid(message: str) -> PydanticCustomError:
+    """A validation error whose message is exactly ``message`` (no 'Value error, ' prefix),
+    whoever formats it (this module, latency/tables.py)."""
+    return PydanticCustomError("out_of_range", message)
+
+
 def _shown(value: Any) -> str:
     """A number as an error line shows it (an integer of 400 digits is not printed whole)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**16:
@@ -94,9 +101,9 @@ def _ranged(tp: Any, kind: str) -> Any:
     (checked before coercion too, so 1e20 bytes is out of range, not 'too big an integer')."""
     def check(value):
         if isinstance(value, bool):  # pydantic would read true as 1.0
-            raise ValueError(f"expected a number, got {str(value).lower()}")
+            raise _invalid(f"expected a number, got {str(value).lower()}")
         if isinstance(value, (int, float)) and not within(kind, value):
-            raise ValueError(f"expected {bounds_text(kind)}, got {_shown(value)}")
+            raise _invalid(f"expected {bounds_text(kind)}, got {_shown(value)}")
         return value
     return Annotated[tp, BeforeValidator(check), AfterValidator(check)]
 
@@ -114,9 +121,9 @@ def _nccl_checked(table: Any) -> Any:
     pairs = table.items() if isinstance(table, dict) else table
     for k, v in pairs:
         if not within("tp", int(k)):
-            raise ValueError(f"TP size {k!r}: expected {bounds_text('tp')}")
+            raise _invalid(f"TP size {k!r}: expected {bounds_text('tp')}")
         if isinstance(v, bool) or not within("reserve_bytes", v):
-            raise ValueError(f"TP {k}: expected {bounds_text('reserve_bytes')}, got {_shown(v)}")
+            raise _invalid(f"TP {k}: expected {bounds_text('reserve_bytes')}, got {_shown(v)}")
     return table
 
 
@@ -214,7 +221,7 @@ class GpuType(_Frozen):
             try:
                 return tuple(sorted((int(k), int(b)) for k, b in v.items()))
             except (TypeError, ValueError, OverflowError):
-                raise ValueError("expected a table of TP size = bytes per GPU") from None
+                raise _invalid("expected a table of TP size = bytes per GPU") from None
         return v
 
     @property
