@@ -78,6 +78,10 @@ def _with_trailing_unit(items: list[Any], letters: str) -> list[Any]:
     return [x if re.search(rf"[{has_unit}]", str(x)) else f"{x}{unit.group(0)}" for x in items]
 
 
+_NETWORK_UNITS = {"network_latency": (parse_latency_us, "A-Za-zµ"),
+                  "network_bandwidth": (parse_bandwidth_gbps, "A-Za-z/")}
+
+
 class CompareRequest(BaseModel):
     """The grid `compare` sweeps, each setting once (the CLI's options are generated from it).
 
@@ -131,15 +135,11 @@ class CompareRequest(BaseModel):
                 raise UserError(f"--policies: unknown policy '{p}'; expected one of {', '.join(POLICY_ORDER)}")
         return pols
 
-    @field_validator("network_latency", mode="before")
+    @field_validator("network_latency", "network_bandwidth", mode="before")
     @classmethod
-    def _latencies(cls, v: Any) -> tuple[float, ...]:
-        return tuple(parse_latency_us(x) for x in _with_trailing_unit(split_list(v), "A-Za-zµ"))
-
-    @field_validator("network_bandwidth", mode="before")
-    @classmethod
-    def _bandwidths(cls, v: Any) -> tuple[float, ...]:
-        return tuple(parse_bandwidth_gbps(x) for x in _with_trailing_unit(split_list(v), "A-Za-z/"))
+    def _network(cls, v: Any, info) -> tuple[float, ...]:
+        parse, letters = _NETWORK_UNITS[info.field_name]
+        return tuple(parse(x) for x in _with_trailing_unit(split_list(v), letters))
 
     def networks(self) -> list[tuple[float | None, float | None]] | None:
         return network_grid(self.network_latency, self.network_bandwidth, cross=self.network_cross)

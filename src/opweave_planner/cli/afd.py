@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -189,7 +190,6 @@ def ratio(json: JsonOut = False, settings: dict | None = None) -> None:
 
 
 def _render_ratio(console, report: dict, unit: str) -> None:
-    from rich.table import Table
 
     mf, g = report["mean_field"], report["gaussian"]
     console.print(f"mu_A = {report['mu_a']:.6g} {unit}, sigma_A = {report['sigma_a']:.6g} {unit}")
@@ -201,25 +201,24 @@ def _render_ratio(console, report: dict, unit: str) -> None:
         f"r*_G  = {g['r']:.4g} (barrier-aware), throughput/instance {g['throughput']:.4g} "
         f"tokens/{_per(unit)}"
     )
-    table = Table(
-        "r (A per F)",
-        "kappa_r",
-        "sync overhead",
-        f"tau_mf ({unit})",
-        f"tau_G ({unit})",
-        f"thr_mf (tokens/{_per(unit)}/inst)",
-        f"thr_G (tokens/{_per(unit)}/inst)",
-    )
-    for row in report["table"]:
-        table.add_row(
-            f"{row['r']:g}",
-            f"{row['kappa']:.4f}",
-            f"{100 * row['barrier_overhead']:.2f}%",
-            f"{row['tau_mf']:.5g}",
-            f"{row['tau_g']:.5g}",
-            f"{row['throughput_mf']:.4f}",
-            f"{row['throughput_g']:.4f}",
-        )
+    _print_table(console, report["table"], [
+        ("r (A per F)", lambda row: f"{row['r']:g}"),
+        ("kappa_r", lambda row: f"{row['kappa']:.4f}"),
+        ("sync overhead", lambda row: f"{100 * row['barrier_overhead']:.2f}%"),
+        (f"tau_mf ({unit})", lambda row: f"{row['tau_mf']:.5g}"),
+        (f"tau_G ({unit})", lambda row: f"{row['tau_g']:.5g}"),
+        (f"thr_mf (tokens/{_per(unit)}/inst)", lambda row: f"{row['throughput_mf']:.4f}"),
+        (f"thr_G (tokens/{_per(unit)}/inst)", lambda row: f"{row['throughput_g']:.4f}"),
+    ])
+
+
+def _print_table(console, rows: list[dict], columns: list[tuple[str, Callable[[dict], str]]]) -> None:
+    """A rich table with a row per report row: each column a header and how it shows a row."""
+    from rich.table import Table
+
+    table = Table(*(header for header, _ in columns))
+    for row in rows:
+        table.add_row(*(show(row) for _, show in columns))
     console.print(table)
 
 
@@ -292,42 +291,24 @@ def _bundle_report(req: SimulateRequest, coef, workload, ratios: list[int]) -> d
 
 
 def _render_mc(console, report: dict, unit: str) -> None:
-    from rich.table import Table
-
-    table = Table("r (A per F)", "MC overhead", "CLT overhead", "difference (pp)")
-    for row in report["rows"]:
-        table.add_row(
-            str(row["r"]),
-            f"{100 * row['mc']:.2f}%",
-            f"{100 * row['clt']:.2f}%",
-            f"{100 * (row['mc'] - row['clt']):+.2f}",
-        )
-    console.print(table)
+    _print_table(console, report["rows"], [
+        ("r (A per F)", lambda row: str(row["r"])),
+        ("MC overhead", lambda row: f"{100 * row['mc']:.2f}%"),
+        ("CLT overhead", lambda row: f"{100 * row['clt']:.2f}%"),
+        ("difference (pp)", lambda row: f"{100 * (row['mc'] - row['clt']):+.2f}"),
+    ])
 
 
 def _render_bundle(console, report: dict, unit: str) -> None:
-    from rich.table import Table
-
-    table = Table(
-        "r (A per F)",
-        f"throughput (tokens/{_per(unit)}/inst)",
-        f"TPOT ({unit}/token)",
-        "idle A",
-        "idle F",
-        "barrier",
-        f"T_80 ({unit})",
-    )
-    for row in report["results"]:
-        table.add_row(
-            str(row["r"]),
-            f"{row['throughput_per_instance']:.4f}",
-            f"{row['tpot']:.5g}",
-            f"{100 * row['idle_attention']:.1f}%",
-            f"{100 * row['idle_ffn']:.1f}%",
-            f"{100 * row['barrier_overhead']:.2f}%",
-            f"{row['t_stable']:.6g}",
-        )
-    console.print(table)
+    _print_table(console, report["results"], [
+        ("r (A per F)", lambda row: str(row["r"])),
+        (f"throughput (tokens/{_per(unit)}/inst)", lambda row: f"{row['throughput_per_instance']:.4f}"),
+        (f"TPOT ({unit}/token)", lambda row: f"{row['tpot']:.5g}"),
+        ("idle A", lambda row: f"{100 * row['idle_attention']:.1f}%"),
+        ("idle F", lambda row: f"{100 * row['idle_ffn']:.1f}%"),
+        ("barrier", lambda row: f"{100 * row['barrier_overhead']:.2f}%"),
+        (f"T_80 ({unit})", lambda row: f"{row['t_stable']:.6g}"),
+    ])
     console.print(
         f"best simulated r = {report['best_r']}; r*_mf = {report['r_mf']:.4g}; "
         f"r*_G = {report['r_g']:.4g}"
