@@ -78,6 +78,11 @@ def _with_trailing_unit(items: list[Any], letters: str) -> list[Any]:
     return [x if re.search(rf"[{has_unit}]", str(x)) else f"{x}{unit.group(0)}" for x in items]
 
 
+_AXES = {  # a grid axis: how an item parses, and what an empty list is told
+    "ctx": (lambda c: units.parse_tokens(c, "--ctx"), "--ctx: expected at least one context length, e.g. 8k,32k"),
+    "slo": (lambda s: float(s) if isinstance(s, (int, float)) else units.parse_duration_ms(s, "--slo"),
+            "--slo: expected at least one SLO, e.g. 25ms,60ms"),
+}
 _NETWORK_UNITS = {"network_latency": (parse_latency_us, "A-Za-zµ"),
                   "network_bandwidth": (parse_bandwidth_gbps, "A-Za-z/")}
 
@@ -107,21 +112,13 @@ class CompareRequest(BaseModel):
     network_cross: bool = Field(False, description=(
         "Sweep the latency x bandwidth cross product instead of one at a time"))
 
-    @field_validator("ctx", mode="before")
+    @field_validator("ctx", "slo", mode="before")
     @classmethod
-    def _contexts(cls, v: Any) -> tuple[int, ...]:
-        out = tuple(units.parse_tokens(c, "--ctx") for c in split_list(v))
+    def _axis(cls, v: Any, info) -> tuple:
+        parse, missing = _AXES[info.field_name]
+        out = tuple(parse(x) for x in split_list(v))
         if not out:
-            raise UserError("--ctx: expected at least one context length, e.g. 8k,32k")
-        return out
-
-    @field_validator("slo", mode="before")
-    @classmethod
-    def _slos(cls, v: Any) -> tuple[float, ...]:
-        out = tuple(float(s) if isinstance(s, (int, float)) else units.parse_duration_ms(s, "--slo")
-                    for s in split_list(v))
-        if not out:
-            raise UserError("--slo: expected at least one SLO, e.g. 25ms,60ms")
+            raise UserError(missing)
         return out
 
     @field_validator("policies", mode="before")
