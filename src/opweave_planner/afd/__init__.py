@@ -2,7 +2,8 @@
 
 Modules: ``workload`` (theta, nu^2 of the per-slot stationary load), ``provisioning``
 (mean-field and barrier-aware ratio rules), ``simulator`` (discrete-event bundle
-simulation and barrier Monte Carlo), ``calibrate`` (latency coefficients from samples).
+simulation and barrier Monte Carlo), ``calibrate`` (latency coefficients from samples),
+``request`` (the settings of ``afd ratio`` / ``afd simulate``, from which their CLI is generated).
 Names are resolved lazily so importing one module does not compile the simulator; the
 ``calibrate`` function is reached through its module (the names would collide).
 """
