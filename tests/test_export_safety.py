@@ -31,7 +31,7 @@ STUBBED = ("vllm", "vllm-router", "python3")
 _STUB = r"""#!/bin/bash
 log=$(mktemp "$STUB_LOG/call.XXXXXXXX")
 printf '%s\0' "${0##*/}" "$@" > "$log"
-if [ "${0##*/}" = python3 ] && [ "${1-}" = - ]; then exec "$REAL_PYTHON" "$@"; fi
+if [ "${0##*/}" = python3 ] && [ "${1-}" = - ]; then exec "$REAL_PYTHON" -I -S "$@"; fi
 exit 0
 """
 FAKE_RESULT = {"p50_tpot_ms": 10.0, "median_tpot_ms": 10.0, "p95_tpot_ms": 12.0}
@@ -114,14 +114,19 @@ def _plan(tmp_path: Path, name: str = "plan.json", **changes) -> Path:
     return path
 
 
-def _replicated(tmp_path: Path, n: int, name: str = "replicas.json") -> Path:
+def replicated(n: int) -> dict:
+    """The colocated golden plan with its one owner replicated n times (a router from 2, node 1 at 3)."""
     doc = json.loads(COLOCATED.read_bytes())
     own = doc["owners"][0]
     own["replicas"] = n
     doc["global_batch"] = own["resident_batch"] * n
     doc["gpus_total"] = own["tensor_parallel"] * n
+    return doc
+
+
+def _replicated(tmp_path: Path, n: int, name: str = "replicas.json") -> Path:
     path = tmp_path / name
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(replicated(n)))
     return path
 
 
@@ -463,3 +468,19 @@ def test_a_folder_in_place_of_a_file_is_refused_before_anything_changes(tmp_path
     ran = run_cli("export", COLOCATED, "--to", "vllm", "--out", out)
     assert_one_line_error(ran, 2, "--out:", "is a folder")
     assert _state(out) == before
+
+
+# ----------------------------------------------------------------------------- the recorded reserve
+
+
+def test_memory_share_uses_the_reserve_the_gpu_type_was_searched_with(tmp_path):
+    """Schema 1.5 records each GPU type's reserve: the runtime gets what the search left usable."""
+    doc = json.loads(COLOCATED.read_bytes())
+    doc["schema_version"] = "1.5"
+    doc["search"]["space"]["memory_reserve_gb_by_gpu"] = {"h100": 20.0}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    _, files = build(str(path), "vllm")
+    assert "--gpu-memory-utilization 0.75" in files["serve-replica-0.sh"].decode()  # (80 - 20) / 80
+    _, files = build(str(COLOCATED), "vllm")
+    assert "--gpu-memory-utilization 0.95" in files["serve-replica-0.sh"].decode()  # 3.5 GiB: the cap

@@ -69,6 +69,7 @@ def resolve_version(target: str, version: str | None) -> str:
 def _check_out(out: str) -> Path:
     """The output folder must be one the user could mean: a named folder other than the
     filesystem root, that is a folder (or does not exist yet) under a writable ancestor."""
+    out = os.fspath(out) if isinstance(out, os.PathLike) else out
     if not isinstance(out, str) or not out.strip():
         raise UserError("--out: empty; expected the folder to write the launch files into (e.g. deploy/)")
     check_text(out, "--out", "a folder")

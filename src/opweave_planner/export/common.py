@@ -142,13 +142,12 @@ class Context:
     def memory_fraction(self, owner) -> float:
         """Share of GPU memory the runtime may take: what the planner treated as usable.
 
-        The planner keeps `memory_reserve_gb` GiB per GPU for the framework; the runtime's own
+        The planner keeps `memory_reserve_gb` GiB per GPU for the framework (per GPU type when the
+        plan records `memory_reserve_gb_by_gpu`, schema 1.5); the runtime's own
         budget (weights + KV + activations) is the rest, rounded down to 0.01 and capped at 0.95.
         """
         cap = self.gpu(owner.gpu).memory_bytes
-        space = self.plan.search.space
-        per_gpu = getattr(space, "reserve_gb", None)  # schema 1.5 records each GPU type's own
-        reserve = (per_gpu(owner.gpu) if per_gpu else space.memory_reserve_gb) * 2**30
+        reserve = self.plan.search.space.reserve_gb(owner.gpu) * 2**30  # what the search held back there
         return min(0.95, math.floor((cap - reserve) / cap * 100) / 100)
 
     def node_label(self, gid: str) -> str:
@@ -509,10 +508,16 @@ def _yaml_key(k: str) -> str:
     return k if plain else _yaml_string(k)
 
 
+_IMPLICIT_KEY_MAX = 1000  # YAML limits an implicit key to 1024 characters; past that `? key` is explicit
+
+
 def _yaml_map(d: dict, indent: int, lines: list[str]) -> None:
     pad = " " * indent
     for k, v in d.items():
         key = _yaml_key(str(k))
+        if len(key) > _IMPLICIT_KEY_MAX:  # `? key` on its line, then `: value`
+            lines.append(f"{pad}? {key}")
+            key = ""
         if isinstance(v, dict) and v:
             lines.append(f"{pad}{key}:")
             _yaml_map(v, indent + 2, lines)
