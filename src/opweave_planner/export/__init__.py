@@ -92,7 +92,6 @@ def _load(plan_path: str) -> tuple[Any, dict[str, Any], bytes]:
     """The plan, its raw document and its bytes (read once: the manifest hashes what was read)."""
     import orjson
 
-    from opweave_planner.atomic import read_input
     from opweave_planner.contract import parse_plan
     from opweave_planner.plan import Infeasible, Plan
 
