@@ -219,11 +219,21 @@ def _stat_input(path: str | os.PathLike, where: str) -> os.stat_result:
 
 
 def _link_target(text: str) -> str | None:
-    """What the symlink ``text`` points to, None when ``text`` is not a symlink."""
+    """What the symlink ``text`` finally points to (through a chain of links, so the name
+    shown is the one that is missing), None when ``text`` is not a symlink."""
     try:
-        return os.readlink(text)
+        target = os.readlink(text)
     except (OSError, ValueError):
         return None
+    here = text
+    for _ in range(40):  # the kernel's own limit on a chain
+        nxt = os.path.join(os.path.dirname(here), target)
+        try:
+            further = os.readlink(nxt)
+        except (OSError, ValueError):
+            return target
+        here, target = nxt, further
+    return target
 
 
 def shown_path(path: str | os.PathLike) -> str:

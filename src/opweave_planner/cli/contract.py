@@ -50,12 +50,13 @@ def simulate_cmd(
 
     Exit 0 when it still meets its SLO and fits memory, 1 when it does not, 2 on bad input.
     """
+    from opweave_planner.atomic import shown_path
     from opweave_planner.contract import evaluate_plan, read_feasible_plan
     from opweave_planner.plan import plan_bytes, write_atomic
     from opweave_planner.report import dumps
 
     doc = read_feasible_plan(plan)
-    ev = evaluate_plan(doc, where=plan, **settings)
+    ev = evaluate_plan(doc, where=shown_path(plan), **settings)  # the path may hold control characters
     if out:
         write_atomic(out, plan_bytes(ev.plan))
     info = ev.to_dict()
