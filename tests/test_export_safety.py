@@ -177,7 +177,7 @@ def test_yaml_escapes_control_characters_in_keys_and_values():
 
 
 @pytest.mark.parametrize("model_id", ["${HOME}", "${x", "$(touch /tmp/opweave-PWNED)", "`id`", "org/m\\",
-                                      "", "-x", "--help", "a\0b", "org/a\nb", "org/a\r\nb", "gpt2",
+                                      "", "-x", "--help", "a\0b", "org/a\nb", "org/a\r\nb", "gpt-",
                                       "org/a--b", "org/.a", "org/a.git", "~/models/x", "org/" + "a" * 97,
                                       "/" + "a" * 5000, "x/y/z", " org/m"])
 def test_model_id_must_be_a_repo_id_or_a_path(model_id, tmp_path):
@@ -187,7 +187,7 @@ def test_model_id_must_be_a_repo_id_or_a_path(model_id, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("model_id", ["org/name", "Qwen/Qwen3-30B-A3B", "a_b/c.d-e", "/models/x", "./m",
+@pytest.mark.parametrize("model_id", ["org/name", "Qwen/Qwen3-30B-A3B", "a_b/c.d-e", "gpt2", "/models/x", "./m",
                                       "../m y", "/m/$(touch PWNED)", "/m/`id`", "/m/x'\"\\", "/日本/m"])
 def test_good_model_ids_reach_every_script_as_one_unchanged_argument(model_id, tmp_path):
     stubs = Stubs(tmp_path)

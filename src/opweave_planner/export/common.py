@@ -170,13 +170,13 @@ class Context:
 # ----------------------------------------------------------------------------- names where they enter
 
 # A Hugging Face repository id as the Hub accepts one (huggingface_hub's validate_repo_id, ASCII):
-# `org/name`, each part letters, digits, '_', '-', '.', starting and ending with a letter, digit or
-# '_', no '--' or '..', at most 96 characters a part.
+# `org/name`, or a legacy root id such as `gpt2`; each part letters, digits, '_', '-', '.',
+# starting and ending with a letter, digit or '_', no '--' or '..', at most 96 characters a part.
 _HF_PART = r"(?!.*(?:--|\.\.))[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
-_HF_REPO_ID = re.compile(rf"{_HF_PART}/{_HF_PART}")
+_HF_REPO_ID = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
 MAX_MODEL_ID = 4096  # PATH_MAX
-MODEL_ID_EXPECTED = ("a Hugging Face repo id (org/name: letters, digits, '-', '_', '.') or a weights "
-                     "path (absolute, or starting with ./ or ../)")
+MODEL_ID_EXPECTED = ("a Hugging Face repo id (org/name or a root id such as gpt2: letters, digits, "
+                     "'-', '_', '.') or a weights path (absolute, or starting with ./ or ../)")
 
 
 def check_model_id(mid: Any, field: str = "--model-id") -> str:
