@@ -178,3 +178,71 @@ def test_interrupt_during_write_leaves_no_temp_file(tmp_path, monkeypatch):
 def test_write_into_a_directory_path_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="directory"):
         write_atomic(tmp_path, b"x", field="--out")
+
+
+# --------------------------------------------------------------------------- no-follow writes, folders
+
+def test_write_without_following_replaces_the_link_itself(tmp_path, umask):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    os.chmod(victim, 0o600)
+    link = tmp_path / "plan.json"
+    link.symlink_to(victim)
+    assert write_atomic(link, b"new", follow_symlinks=False) == link
+    assert not link.is_symlink() and link.read_bytes() == b"new"
+    assert victim.read_bytes() == b"keep"
+    assert _mode(link) == 0o644  # a new file's mode, not the link target's
+    assert _debris(tmp_path) == []
+
+
+def test_write_without_following_over_a_link_to_a_folder(tmp_path):
+    (tmp_path / "d").mkdir()
+    link = tmp_path / "x.json"
+    link.symlink_to("d")
+    write_atomic(link, b"x", follow_symlinks=False)
+    assert link.is_file() and not link.is_symlink() and (tmp_path / "d").is_dir()
+
+
+def test_check_writable_folder(tmp_path):
+    from opweave_planner.atomic import check_writable_folder
+
+    assert check_writable_folder(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert (tmp_path / "a" / "b").is_dir() and list((tmp_path / "a" / "b").iterdir()) == []
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for path, needle in [(tmp_path / "f", "is not a folder (a regular file)"),
+                         (tmp_path / "f" / "sub", "a part of the path is a file"),
+                         (tmp_path / "dangling", "is a symlink to"), ("", "empty path"),
+                         (tmp_path / ("n" * 300), "a name in the path is 300 bytes")]:
+        with pytest.raises(UserError) as err:
+            check_writable_folder(path, "--out")
+        assert str(err.value).startswith("--out: ") and needle in str(err.value), str(err.value)
+    with pytest.raises(UserError, match="does not exist"):
+        check_writable_folder(tmp_path / "new", "--out", create=False)
+
+
+def test_printable_escapes_every_control_character():
+    from opweave_planner.atomic import printable
+
+    assert printable("plain µ—ü text") == "plain µ—ü text"
+    assert printable("a\x1b[31mb\nc\r\x00\x7f\x9b\u202e\u2028") == "a\\x1b[31mb\\nc\\r\\x00\\x7f\\x9b\\u202e\\u2028"
+    assert printable("x\udcff") == "x\\udcff"  # an undecodable byte of a file name
+
+
+def test_open_input_refuses_a_file_swapped_for_a_fifo(tmp_path, monkeypatch):
+    """Between the check and the open, a regular file turns into a FIFO: still never blocks."""
+    from opweave_planner.atomic import open_input
+
+    path = tmp_path / "in.toml"
+    path.write_text("x")
+    real_open = os.open
+
+    def swap(p, flags, *a, **k):
+        if os.fspath(p) == str(path):
+            path.unlink()
+            os.mkfifo(path)
+        return real_open(p, flags, *a, **k)
+
+    monkeypatch.setattr(atomic.os, "open", swap)
+    with pytest.raises(UserError, match=r"is not a regular file \(a FIFO\)"):
+        open_input(path, "--flag")

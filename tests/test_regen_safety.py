@@ -324,3 +324,13 @@ def test_a_worker_whose_parent_is_already_gone_exits_at_once(tmp_path):
             f"die_with_parent({gone.pid})\nprint('still running')\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 128 + signal.SIGKILL and "still running" not in res.stdout
+
+
+@pytest.mark.parametrize("setting, needle", [("network_bandwidth = 1e-300", "--network-bandwidth: expected"),
+                                             ('catalog = "cat.toml"', "gpus.h100.bandwidth_gbps: expected")])
+def test_an_absurd_input_fails_before_out_is_created(tmp_path, no_plan, setting, needle):
+    (tmp_path / "cat.toml").write_text("[gpus.h100]\nbandwidth_gbps = 1e-300\n")
+    m = tmp_path / "m.toml"
+    m.write_text(f"{setting}\n{ENTRY}")
+    assert_one_line_error(_regen(m, tmp_path / "o"), 2, needle)
+    assert not (tmp_path / "o").exists()

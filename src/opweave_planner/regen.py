@@ -509,6 +509,12 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
     hysteresis = parse_hysteresis(hysteresis)
     tasks = load_matrix(matrix)
     executor = make_executor(jobs, ray, retries)
+    prints = {}
+    for t in tasks:  # reads every entry's inputs: a bad one fails here, before --out is created
+        try:
+            prints[t.name] = fingerprint(t.request, hysteresis)
+        except UserError as exc:
+            raise UserError(f"{printable(matrix)}: {t.name}: {exc}") from None
     # before any search: --out, the cache record and every entry's file must be writable
     # plain files inside --out, or this fails now, not after planning everything
     check_writable_folder(out, "--out")
@@ -518,7 +524,6 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
         check_own_file(out / t.name, f"entry {t.name}")
     changes: dict[int, FileChange] = {}
     cache = _load_cache(out)
-    prints = {t.name: fingerprint(t.request, hysteresis) for t in tasks}
     todo = []
     for i, t in enumerate(tasks):  # inputs, code and file as last written: the search would repeat itself
         seen = _record(cache.get(t.name))
