@@ -191,7 +191,8 @@ def test_model_id_must_be_a_repo_id_or_a_path(model_id, tmp_path):
                                       "../m y", "/m/$(touch PWNED)", "/m/`id`", "/m/x'\"\\", "/日本/m"])
 def test_good_model_ids_reach_every_script_as_one_unchanged_argument(model_id, tmp_path):
     stubs = Stubs(tmp_path)
-    for target in ("vllm", "sglang", "dynamo", "llm-d"):
+    path = model_id.startswith(("/", "./", "../"))
+    for target in ("vllm", "sglang", "dynamo") + (() if path else ("llm-d",)):
         out = tmp_path / target
         ran = run_cli("export", _replicated(tmp_path, 2), "--to", target, "--out", out, "--model-id", model_id)
         assert ran.code == 0, ran.err
@@ -484,3 +485,11 @@ def test_memory_share_uses_the_reserve_the_gpu_type_was_searched_with(tmp_path):
     assert "--gpu-memory-utilization 0.75" in files["serve-replica-0.sh"].decode()  # (80 - 20) / 80
     _, files = build(str(COLOCATED), "vllm")
     assert "--gpu-memory-utilization 0.95" in files["serve-replica-0.sh"].decode()  # 3.5 GiB: the cap
+
+
+def test_llmd_refuses_a_weights_path(tmp_path):
+    """The chart fetches hf://<id>: a path would be written as a Hub id that does not exist."""
+    ran = run_cli("export", _replicated(tmp_path, 1), "--to", "llm-d", "--out", tmp_path / "o",
+                  "--model-id", "/models/x")
+    assert_one_line_error(ran, 2, "--model-id:")
+    assert not (tmp_path / "o").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from opweave_planner.errors import UserError
 from opweave_planner.export import vllm as _vllm
 from opweave_planner.export.common import BASE_PORT, GPU_LABEL_KEY, Context, to_yaml
 
@@ -25,6 +26,10 @@ check = _vllm.check
 def values(ctx: Context) -> dict:
     """The Helm values as a plain dict (what values.yaml holds, key for key)."""
     check(ctx)
+    if ctx.model_id.startswith(("/", "./", "../")):  # the chart downloads from the Hub (hf://)
+        raise UserError(f"--model-id: llm-d's modelArtifacts.uri is written as hf://<repo id>, so "
+                        f"'{ctx.model_id}' (a path) cannot be served from it; pass the Hugging Face "
+                        f"repo id, or export --to vllm for local weights")
     owner = ctx.plan.owners[0]
     flags = _vllm.FLAGS[VLLM_OF[ctx.version]]
     args = _vllm.engine_args(ctx, owner, flags)[2:]  # the chart sets --tensor-parallel-size itself
