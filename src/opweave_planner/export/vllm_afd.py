@@ -27,6 +27,7 @@ from opweave_planner.export.common import (
     script,
     shell_command,
 )
+from opweave_planner.structure.operators import Side, operator_side
 
 VERSIONS = ("0.26.0",)  # the vLLM release afd-plugin (commit 2e4378f) supports
 DEFAULT_VERSION = "0.26.0"
@@ -43,30 +44,19 @@ _MP = {"0.26.0": {
 }}
 FLAGS = _MP
 
-ATTENTION_KINDS = ("qkv_proj", "mla_down", "mla_up", "attn_full", "attn_sliding", "attn_linear",
-                   "attn_mla", "o_proj")
-FFN_KINDS = ("router", "shared_up", "shared_down", "moe_up", "moe_down", "ffn_up", "ffn_down")
-
-
-def _kind(op: str) -> str:
-    return op.rsplit(".", 1)[-1]
-
-
 def roles(plan) -> tuple[int, int] | None:
     """(attention owner, FFN owner) when the plan is an attention | FFN split, else None."""
     if len(plan.owners) != 2:
         return None
-    side: dict[int, set[str]] = {0: set(), 1: set()}
+    side: dict[int, set[Side]] = {0: set(), 1: set()}
     for st in plan.stages:
         for op in st.operators:
-            k = _kind(op)
-            if k in ATTENTION_KINDS:
-                side[st.owner].add("attention")
-            elif k in FFN_KINDS:
-                side[st.owner].add("ffn")
-    if side[0] == {"attention"} and side[1] == {"ffn"}:
+            s = operator_side(op)
+            if s != Side.OTHER:
+                side[st.owner].add(s)
+    if side[0] == {Side.ATTENTION} and side[1] == {Side.FFN}:
         return 0, 1
-    if side[1] == {"attention"} and side[0] == {"ffn"}:
+    if side[1] == {Side.ATTENTION} and side[0] == {Side.FFN}:
         return 1, 0
     return None
 
