@@ -169,8 +169,9 @@ def test_every_path_argument_refuses_special_files_with_the_real_reason(tmp_path
 OTHER = {"under a file": r"a part of the path is a file, not a folder",
          "long name": r"a name in the path is 300 bytes; the limit is 255"}
 # (kind, argument) -> why its reader does not give the reason yet
-WORKLOAD_OS = ("inputs/workload.py: workload_spec calls os.path.lexists before the input check, so the path "
-               "is 'no such file' (under a file) or an OSError without the flag (a name over 255 bytes)")
+WORKLOAD_OS = ("a path under a file is 'no such file' (inputs/workload.py: workload_spec tests os.path.lexists "
+               "before the input check); a name over 255 bytes escapes as an OSError without the flag "
+               "(inputs/request.py: the workload validator's Path.is_file raises ENAMETOOLONG)")
 MODEL_OS = "inputs/model.py: _file_kind reads ENOTDIR and ENAMETOOLONG as 'does not exist'"
 OTHER_XFAILS: dict[str, dict[str, str]] = {
     kind: {"--workload": WORKLOAD_OS, "matrix workloads": WORKLOAD_OS, "--model": MODEL_OS}
