@@ -46,7 +46,6 @@ FOLDER_FINALS = {**FINALS, "folder": None, "file": REASONS["file"]}  # for a pat
 # what each argument's own reader is not yet asked to say (see test_input_paths' xfails)
 SKIP = {arg: set(xfails) for arg, (_f, _a, _k, xfails, _r) in ARGS.items()}
 SKIP["matrix workloads"] = {"dev-zero", "dev-null", "socket", "under a file", "long name"}  # named relative
-SKIP["--model"] |= {"dev-null", "socket", "under a file", "long name"}  # (to the matrix) or model.py's own words
 for _arg, (_f, _a, _k, _x, _r) in ARGS.items():  # and what test_input_paths xfails for other reasons
     SKIP[_arg] |= {k for k, v in OTHER_XFAILS.items() if _arg in v}
 

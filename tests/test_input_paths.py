@@ -116,8 +116,6 @@ def _matrix_argv(key: str):
     return build
 
 
-MODEL = "inputs/model.py refuses special files itself: no kind for a FIFO or device, 'does not exist' for a " \
-        "dangling link, the OS's words for a loop (issue 25: check the path with atomic.check_input_file)"
 # a missing --workload may be a mistyped inline law: the reader says so
 WORKLOAD_REASONS = {"missing": r"no such file \(and not an inline law"}
 # flag named in the line, argv builder, kinds (file or folder paths), {kind: xfail reason}, reasons
@@ -126,8 +124,7 @@ ARGS = {
     "--catalog": ("--catalog", _plan_argv("--catalog"), KINDS, {}, {}),
     "--prices": ("--prices", _plan_argv("--prices"), KINDS, {}, {}),
     "--profiles": ("--profiles", _plan_argv("--profiles"), FOLDER_KINDS, {}, {}),
-    "--model": ("--model", lambda p: ["--model", p, *TINY[2:]], KINDS,
-                dict.fromkeys(("fifo", "dev-zero", "dangling", "loop"), MODEL),
+    "--model": ("--model", lambda p: ["--model", p, *TINY[2:]], KINDS, {},
                 {"folder": r"is not a regular file \(a directory without config.json\)"}),
     "gpus --catalog": ("--catalog", lambda p: ["gpus", "--catalog", p], KINDS, {}, {}),
     "gpus --prices": ("--prices", lambda p: ["gpus", "--prices", p], KINDS, {}, {}),
@@ -172,9 +169,8 @@ OTHER = {"under a file": r"a part of the path is a file, not a folder",
 WORKLOAD_OS = ("a path under a file is 'no such file' (inputs/workload.py: workload_spec tests os.path.lexists "
                "before the input check); a name over 255 bytes escapes as an OSError without the flag "
                "(inputs/request.py: the workload validator's Path.is_file raises ENAMETOOLONG)")
-MODEL_OS = "inputs/model.py: _file_kind reads ENOTDIR and ENAMETOOLONG as 'does not exist'"
 OTHER_XFAILS: dict[str, dict[str, str]] = {
-    kind: {"--workload": WORKLOAD_OS, "matrix workloads": WORKLOAD_OS, "--model": MODEL_OS}
+    kind: {"--workload": WORKLOAD_OS, "matrix workloads": WORKLOAD_OS}
     for kind in ("under a file", "long name")}
 
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from opweave_planner.atomic import printable
+from opweave_planner.atomic import check_input_file, printable
 from opweave_planner.data import shipped_dir
 from opweave_planner.errors import UserError
 
@@ -568,16 +568,22 @@ def _short(text: str) -> str:
 
 
 def _file_kind(path: Path, text: str) -> str | None:
-    """'file', 'dir', 'other' or None (nothing there) without opening anything."""
+    """'file', 'dir' or None (nothing there: a model name or Hub id, perhaps) without opening
+    anything; a special file, a dangling link, a loop or a bad path on the way is refused by the
+    one input check with its real reason (a plain name that is no path is left to the lookup)."""
     try:
         mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ENAMETOOLONG:
+    except FileNotFoundError:
+        if not os.path.islink(path):
             return None
-        raise UserError(f"--model: cannot access '{_short(text)}' ({exc.strerror})") from None
-    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "other"
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG and os.sep not in text:
+            return None
+    else:
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+            return "file" if stat.S_ISREG(mode) else "dir"
+    check_input_file(path, "--model")  # raises with the reason
+    raise UserError(f"--model: '{_short(text)}' is not a regular file; expected a config.json")
 
 
 def _unknown(text: str) -> UserError:
@@ -616,8 +622,6 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
             raise UserError(f"--model: '{_short(text)}' is not a regular file (a directory without "
                             "config.json); expected a config.json or a folder holding one")
         return inner, None, os.path.abspath(inner)
-    if kind == "other":
-        raise UserError(f"--model: '{_short(text)}' is not a regular file; expected a config.json")
     if kind == "file":
         return path, None, os.path.abspath(path)
     if path.suffix.lower() == ".json" or text.startswith(("/", ".", "~")) or not _HF_ID.fullmatch(text):
