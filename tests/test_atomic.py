@@ -222,7 +222,7 @@ def test_check_writable_folder(tmp_path):
 
 
 def test_printable_escapes_every_control_character():
-    from opweave_planner.atomic import printable
+    from opweave_planner.errors import printable
 
     assert printable("plain µ—ü text") == "plain µ—ü text"
     assert printable("a\x1b[31mb\nc\r\x00\x7f\x9b\u202e\u2028") == "a\\x1b[31mb\\nc\\r\\x00\\x7f\\x9b\\u202e\\u2028"

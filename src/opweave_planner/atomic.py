@@ -19,13 +19,12 @@ from __future__ import annotations
 import errno
 import io
 import os
-import re
 import secrets
 import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from opweave_planner.errors import UserError
+from opweave_planner.errors import UserError, printable
 
 NAME_MAX = 255  # bytes per path component on every filesystem we target
 
@@ -36,18 +35,6 @@ _KINDS = ((stat.S_ISDIR, "it is a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_I
 #: a whole-file input read into memory (a catalog, a plan, a matrix) is at most this big by
 #: default; callers pass a tighter bound for their kind
 MAX_INPUT_BYTES = 256 << 20
-# characters that must never reach a terminal raw: C0/C1 controls (ANSI escapes, newlines),
-# DEL, lone surrogates, line/paragraph separators and the bidi overrides
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-
-
-def printable(text: object) -> str:
-    """``text`` with every control character escaped (``\\x1b``, ``\\n``): a file name or a
-    string read from a file can then never move the cursor, recolour or split a line."""
-    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"),
-                            str(text))
-
-
 def kind_of(mode: int) -> str:
     """Words for a non-regular file type: 'it is a folder', 'a FIFO', 'a character device'."""
     for test, words in _KINDS:
@@ -380,7 +367,7 @@ def write_atomic(path: str | Path, data: bytes, field: str | None = None,
         if isinstance(exc, OSError):
             raise UserError(f"{where} ({exc.strerror or exc})") from None
         raise
-    _fsync_folder(target.parent)
+    fsync_folder(target.parent)
     return target
 
 
@@ -395,7 +382,7 @@ def write_fd(fd: int, data: bytes) -> None:
     os.fsync(fd)
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Make the rename durable; best effort (not every filesystem allows it)."""
     try:
         fd = os.open(folder, os.O_RDONLY)

@@ -6,6 +6,8 @@ raises them so tests can assert on messages without a subprocess.
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_CHANGED = 1  # simulate / diff / regen: a real difference was found (never a crash)
 EXIT_BAD_INPUT = 2
@@ -28,9 +30,22 @@ EXIT_CODES: dict[int, str] = {
 """Documented exit codes (the README's table is generated from / checked against this)."""
 
 
+# characters that must never reach a terminal raw: C0/C1 controls (ANSI escapes, newlines),
+# DEL, lone surrogates, line/paragraph separators and the bidi overrides
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: object) -> str:
+    """``text`` with every control character escaped (``\\x1b``, ``\\n``): a file name or a
+    string read from a file can then never move the cursor, recolour or split a line."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"),
+                            str(text))
+
+
 def one_line(text: object, limit: int = 400) -> str:
-    """Collapse whitespace and cap the length: every message the CLI prints is one line."""
-    line = " ".join(str(text).split())
+    """Collapse whitespace, escape what is left unprintable and cap the length: every message the
+    CLI prints is one line that cannot move the cursor or recolour the terminal."""
+    line = printable(" ".join(str(text).split()))
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 

@@ -55,8 +55,7 @@ from typing import Any
 
 import orjson
 
-from opweave_planner.atomic import printable
-from opweave_planner.errors import UserError
+from opweave_planner.errors import UserError, printable
 
 # the cross-product axes of an [[entry]] and the PlanRequest field each one sets
 AXES = {"models": "model", "contexts": "ctx", "slos": "slo", "gpus": "gpus", "policies": "policy"}

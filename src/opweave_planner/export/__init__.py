@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opweave_planner.atomic import _fsync_folder, printable, read_input, write_fd
+from opweave_planner.atomic import fsync_folder, printable, read_input, write_fd
 from opweave_planner.errors import UserError
 from opweave_planner.export import dynamo, llmd, sglang, vllm, vllm_afd
 from opweave_planner.export.common import (
@@ -220,7 +220,7 @@ def write(out: str, files: dict[str, bytes]) -> tuple[str, ...]:
             except BaseException:
                 shutil.rmtree(stage, ignore_errors=True)
                 raise
-            _fsync_folder(dest.parent)
+            fsync_folder(dest.parent)
             return ()
         return _swap_in(dest, files)
     except OSError as exc:
@@ -287,7 +287,7 @@ def _swap_in(dest: Path, files: dict[str, bytes]) -> tuple[str, ...]:
     finally:
         if restored:
             shutil.rmtree(stage, ignore_errors=True)
-    _fsync_folder(dest)
+    fsync_folder(dest)
     return tuple(n for n in stale if n not in remove and os.path.lexists(dest / n))
 
 

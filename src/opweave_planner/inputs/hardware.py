@@ -31,7 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from opweave_planner.data import profiles_root, shipped_dir
-from opweave_planner.errors import UserError
+from opweave_planner.errors import UserError, printable
 
 GIB = 1 << 30
 TIB = 1 << 40
@@ -288,7 +288,7 @@ def read_system_json(path: Path) -> SystemSpec | None:
 def _read_system(path: Path) -> tuple[SystemSpec, bytes] | None:
     """(spec, the bytes it was read from), read once: None when nothing is there; a folder,
     FIFO, dangling link or out-of-range figure is a one-line error naming the file and key."""
-    from opweave_planner.atomic import printable, read_input
+    from opweave_planner.atomic import read_input
 
     if not os.path.lexists(path):
         return None
@@ -352,7 +352,7 @@ def read_table_file(path: str | Path, field: str) -> dict[str, Any]:
 
 def _read_table(path: str | Path, field: str) -> tuple[dict[str, Any], bytes]:
     """(object, the bytes it was parsed from): read once, so the digest covers what was parsed."""
-    from opweave_planner.atomic import printable, read_input
+    from opweave_planner.atomic import read_input
 
     p = Path(path)
     data = read_input(p, field, MAX_TABLE_BYTES)
@@ -420,7 +420,6 @@ def _merge(shipped: dict[str, dict], user: dict[str, dict], root: Path, where: d
 
 def parse_prices(obj: dict[str, Any], hw_ids: list[str], aliases: dict[str, str], where: str) -> dict[str, float]:
     """GPU id -> USD per GPU-hour, every price in range (see BOUNDS['price'])."""
-    from opweave_planner.atomic import printable
 
     where = printable(where)
     prices = {}
@@ -446,7 +445,6 @@ def load_hardware(catalog: str | None = None, prices: str | None = None,
     A user catalog entry for a known GPU may give only the fields it changes;
     a new GPU needs every field unless `profiles_dir` has its system.json.
     """
-    from opweave_planner.atomic import printable
 
     base_path = shipped_dir("profiles") / "catalog.toml"
     obj, data = _read_table(base_path, "catalog")

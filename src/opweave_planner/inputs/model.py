@@ -24,9 +24,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from opweave_planner.atomic import check_input_file, printable
+from opweave_planner.atomic import check_input_file
 from opweave_planner.data import shipped_dir
-from opweave_planner.errors import UserError
+from opweave_planner.errors import UserError, printable
 
 AttentionKind = Literal["full", "sliding", "linear", "mla"]
 
