@@ -91,8 +91,13 @@ def test_not_json_and_missing(tmp_path):
     bad.write_text("{nope")
     with pytest.raises(UserError, match="not valid JSON"):
         read_table(bad)
-    with pytest.raises(UserError, match="file not found"):
+    with pytest.raises(UserError, match="missing.json' does not exist"):
         read_system(tmp_path / "missing.json")
+    import os
+
+    os.mkfifo(tmp_path / "fifo.json")  # refused with its reason, never opened (it would block)
+    with pytest.raises(UserError, match=r"fifo.json' is not a regular file \(a FIFO\)"):
+        read_table(tmp_path / "fifo.json")
 
 
 def test_shipped_profiles_load():

@@ -10,6 +10,7 @@ roofline). Arrays are cached per (model, GPU, TP, MoE mode, context, grid).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -305,7 +306,7 @@ def op_latencies(seq: OperatorSequence, gpu: GpuType, par: Parallel, context: in
 
     `moe_routing` ("balanced" | "power-law") picks the fused-MoE tables' expert-load family.
     """
-    kern = _Kernels(gpu, profiles_root(profiles_dir).resolve(), backend, moe_routing)
+    kern = _Kernels(gpu, Path(os.path.realpath(profiles_root(profiles_dir))), backend, moe_routing)
     b = np.asarray(mb_grid, dtype=np.float64)
     lat = np.empty((seq.n, b.size))
     src = np.empty((seq.n, b.size), np.int8)

@@ -17,6 +17,7 @@ Only numpy, orjson and pydantic are needed here; pyarrow is for the importer.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -187,10 +188,10 @@ class ProfileSet:
 
 
 def _load_json(path: Path) -> dict:
-    try:
-        data = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
+    from opweave_planner.atomic import read_input
+
+    try:  # a FIFO, folder or device is refused with its reason, never opened
+        data = orjson.loads(read_input(path))
     except orjson.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -338,13 +339,13 @@ def load_profile_set(profiles_dir: Path, gpu: str, backend: str = "vllm") -> Pro
     to the calibrated roofline (see `interp`). Raises UserError when the GPU or
     the backend folder does not exist.
     """
-    return _load_cached(Path(profiles_dir).resolve(), gpu, backend)
+    return _load_cached(Path(os.path.realpath(profiles_dir)), gpu, backend)
 
 
 @lru_cache(maxsize=64)
 def _load_cached(root: Path, gpu: str, backend: str) -> ProfileSet:
     gpu_dir = root / gpu
-    if not (gpu_dir / "system.json").is_file():
+    if not os.path.lexists(gpu_dir / "system.json"):  # anything there is read (and refused) below
         known = ", ".join(available_gpus(root)) or "none"
         raise UserError(f"{gpu_dir / 'system.json'}: no profile for GPU '{gpu}' (have: {known})")
     system = read_system(gpu_dir / "system.json")
@@ -355,7 +356,7 @@ def _load_cached(root: Path, gpu: str, backend: str) -> ProfileSet:
     tables: dict[str, GridTable] = {}
     for kind in KIND_SCHEMA:
         path = backend_dir / f"{kind}.json"
-        if path.is_file():
+        if os.path.lexists(path):
             table = read_table(path)
             if table.kind != kind:
                 raise UserError(f"{path}: kind is '{table.kind}', expected '{kind}'")
