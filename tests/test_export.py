@@ -23,7 +23,8 @@ from opweave_planner.errors import InfeasibleError, UserError
 from opweave_planner.export import TARGETS, build, export_plan
 from opweave_planner.export import dynamo as dynamo_mod
 from opweave_planner.export import llmd as llmd_mod
-from opweave_planner.export.common import HF_REPOS, hf_repo, to_yaml
+from opweave_planner.export.common import HF_REPOS, hf_repo
+from opweave_planner.export.documents import to_yaml
 from opweave_planner.inputs.model import bundled_models
 from opweave_planner.plan import plan_bytes
 

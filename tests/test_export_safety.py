@@ -23,7 +23,8 @@ from conftest import GOLDEN, TINY, assert_one_line_error, run_cli
 
 from opweave_planner.errors import InternalError, UserError
 from opweave_planner.export import MANIFEST, TARGETS, build, export_plan, write
-from opweave_planner.export.common import Var, Word, comment, quote, shell_command, to_yaml
+from opweave_planner.export.documents import to_yaml
+from opweave_planner.export.shell import Var, Word, comment, quote, shell_command
 
 COLOCATED = GOLDEN / "llama-3.1-8b_colocated_h100.json"
 MANY_STAGES = GOLDEN / "llama-3.1-8b_afd_h100+a100.json"

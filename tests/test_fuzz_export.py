@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from test_export_safety import MANY_STAGES, Stubs, check_scripts, replicated
 from test_fuzz_cli import check
 
-from opweave_planner.export.common import clean, quote, to_yaml
+from opweave_planner.export.documents import to_yaml
+from opweave_planner.export.shell import clean, quote
 
 MARK = "{M}"  # replaced by the run's marker path
 PAYLOADS = [f"$(touch {MARK})", f"`touch {MARK}`", f"; touch {MARK}", f"' ; touch {MARK}; '",

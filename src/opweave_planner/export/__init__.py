@@ -30,10 +30,10 @@ from opweave_planner.export.common import (
     check_plan_names,
     check_text,
     hf_repo,
-    json_bytes,
     normalise_alternative,
     shown,
 )
+from opweave_planner.export.documents import json_bytes
 
 TARGETS = {"vllm": vllm, "sglang": sglang, "dynamo": dynamo, "llm-d": llmd, "vllm-afd": vllm_afd}
 MANIFEST = "export.json"

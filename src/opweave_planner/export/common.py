@@ -1,23 +1,22 @@
-"""What every exporter shares: the loaded plan, placement, refusals, alternatives, YAML and scripts.
+"""What every exporter reads: the loaded plan, placement, names where they enter, alternatives, refusals.
 
 An exporter turns a plan into files for one runtime. It first decides whether that runtime can
 run the plan's shape at all (`Refusal`, exit 3, one line naming why and what could run), then
 renders bytes only from the plan and pinned per-version flag tables, so the same plan always
-gives the same files.
+gives the same files. Scripts are written through `shell`, manifests through `documents`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import shlex
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from opweave_planner.atomic import printable
-from opweave_planner.errors import InfeasibleError, InternalError, UserError
+from opweave_planner.errors import InfeasibleError, UserError
+from opweave_planner.export.shell import clean
 
 # Hugging Face repositories of the bundled models (models/SOURCES.md; a test keeps them equal).
 # `hf_repo` prefers the model loader's own table where it has one (models/hf_ids.toml).
@@ -33,7 +32,6 @@ HF_REPOS = {
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
     "deepseek-v3": "deepseek-ai/DeepSeek-V3",
 }
-
 
 
 def hf_repo(model: str) -> str | None:
@@ -60,7 +58,6 @@ GPU_PRODUCTS = {
 }
 
 BASE_PORT = 8000  # the router (or the only replica) listens here; replica r of several on 8001 + r
-BENCH_OUTPUT_TOKENS = 256  # decode tokens per benchmark request (the rest of the context is prompt)
 
 # Alternative classes a plan file may carry (issue 15 item 1), in the order they are suggested.
 ALTERNATIVE_NAMES = ("colocated", "two_owner", "single_gpu_type", "optimum")
@@ -221,6 +218,12 @@ def check_plan_names(doc: Any, path: str, prefix: str = "") -> None:
             check_text(owner.get("gpu"), f"{where}owners[{i}].gpu", "a GPU type")
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """A user's value as an error line quotes it: printable, and cut to `limit` characters."""
+    text = printable(text)
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
+
+
 def shape_words(plan) -> str:
     """'a 20-stage operator pipeline over 3 owners' / 'a 2-stage plan' / 'a colocated plan'."""
     k = len(plan.owners)
@@ -299,291 +302,6 @@ def cost_delta(entry: dict[str, Any], base_cost: float | None) -> str:
     if isinstance(cost, (int, float)) and base_cost:
         return f"{(cost / base_cost - 1) * 100:+.1f} %"
     return "cost unknown"
-
-
-# ----------------------------------------------------------------------------- the shell writer
-#
-# Every generated script is code people run as root, so it is written from three kinds of line
-# only: comments (`comment`: any text, made one printable line), fixed template lines whose only
-# interpolations are checked integers (`integer`), and commands and assignments whose every word
-# goes through `quote`. `quote` single-quotes any `str` (shlex.quote), so no input string can
-# expand, end a quote or start a new command; the only expansions a script makes are `Var`s, which
-# input never is: exporter code names them, and their names and defaults are plain words.
-
-_VAR_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
-_VAR_TEXT = re.compile(r"[A-Za-z0-9 ._/-]*")  # a `${NAME:-default}` or `${NAME:?message}` argument
-
-
-class Var:
-    """A `${NAME}` (`${NAME:-default}`, `${NAME:?message}`) the script expands on purpose.
-
-    Checked on construction, so even exporter code cannot hide a command substitution in one.
-    """
-
-    __slots__ = ("text",)
-
-    def __init__(self, name: str, default: str | None = None, required: str | None = None) -> None:
-        if not _VAR_NAME.fullmatch(name) or (default is not None and required is not None):
-            raise ValueError(f"not a script variable: {name!r}")
-        op, arg = (":-", default) if default is not None else (":?", required) if required is not None \
-            else ("", "")
-        if not _VAR_TEXT.fullmatch(arg):
-            raise ValueError(f"not a plain default or message: {arg!r}")
-        self.text = "${" + name + op + arg + "}"
-
-    def __repr__(self) -> str:
-        return f"Var({self.text})"
-
-
-class Word(tuple):
-    """One shell word joined from fixed text and `Var`s, e.g. `"http://${HOST}:${PORT}"`."""
-
-    def __new__(cls, *parts: str | Var) -> Word:
-        return super().__new__(cls, parts)
-
-
-ShellWord = str | Var | Word
-_DOUBLE_QUOTED = str.maketrans({c: "\\" + c for c in '\\"$`'})
-
-
-def quote(word: ShellWord) -> str:
-    """The word as bash reads it back unchanged: any `str` single-quoted (it never expands), a
-    `Var` or `Word` double-quoted with everything but its `Var`s escaped."""
-    if isinstance(word, Var):
-        return f'"{word.text}"'
-    if isinstance(word, Word):
-        return '"' + "".join(p.text if isinstance(p, Var) else _plain(p).translate(_DOUBLE_QUOTED)
-                             for p in word) + '"'
-    return shlex.quote(_plain(word))
-
-
-def _plain(text: str) -> str:
-    """A string may become a script word if it is one line of printable text: a NUL cannot be in a
-    script at all, and a control character would hide the word from a reader of the file."""
-    if not isinstance(text, str) or not clean(text):
-        raise InternalError(f"generated script: refused the word {printable(str(text))!r}; input "
-                            f"names are checked where they enter")
-    return text
-
-
-def clean(text: str) -> bool:
-    """One line of text a terminal shows as it is: nothing `printable` would escape (no control
-    character, line separator or bidi override)."""
-    return printable(text) == text
-
-
-def shown(text: str, limit: int = 80) -> str:
-    """A user's value as an error line quotes it: printable, and cut to `limit` characters."""
-    text = printable(text)
-    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
-
-
-def comment(text: str) -> str:
-    return "# " + printable(text)
-
-
-def integer(value: Any) -> str:
-    """An int for a template line; anything else (a string from a tampered plan) is a bug here."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InternalError(f"generated script: expected an integer, got {type(value).__name__}")
-    return str(value)
-
-
-def number(value: Any) -> str:
-    """A plan figure as a script word: the repr of a real number, never text."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise InternalError(f"generated script: expected a number, got {type(value).__name__}")
-    return repr(value)
-
-
-def assign(name: str, value: ShellWord, note: str = "") -> str:
-    """`NAME=value` (`export NAME=value` for a name the runtime reads), quoted like any word."""
-    Var(name)  # the name is checked like a Var's
-    return f"{name}={quote(value)}" + (f"  {comment(note)}" if note else "")
-
-
-def _is_flag(word: ShellWord) -> bool:
-    return isinstance(word, str) and word.startswith("-")
-
-
-def shell_command(argv: list[ShellWord], indent: str = "  ") -> str:
-    """One argument (or flag with its value) per continued line, every word through `quote`."""
-    i = 0
-    while i < len(argv) and (not _is_flag(argv[i]) or (argv[i] == "-m" and i == 1)):
-        i += 1 + (argv[i] == "-m")
-    parts: list[str] = [" ".join(quote(w) for w in argv[:i])] if i else []
-    while i < len(argv):
-        word = argv[i]
-        if _is_flag(word) and i + 1 < len(argv) and not _is_flag(argv[i + 1]):
-            parts.append(f"{quote(word)} {quote(argv[i + 1])}")
-            i += 2
-        else:
-            parts.append(quote(word))
-            i += 1
-    return (" \\\n" + indent).join(parts)
-
-
-def script(lines: list[str]) -> bytes:
-    """The script file; a last check that no line holds a control character (only `quote`d words,
-    `comment`s and template lines reach here, so one would be a bug in this package)."""
-    text = "#!/usr/bin/env bash\n" + "\n".join(lines).rstrip("\n") + "\n"
-    if not all(clean(line) for line in text.split("\n")):
-        raise InternalError("generated script: a line holds a control character")
-    return text.encode()
-
-
-def header(ctx: Context, what: str) -> list[str]:
-    """What the script is and which plan it came from, as comments (names made printable)."""
-    p = ctx.plan
-    alt = f", alternative '{ctx.alternative}'" if ctx.alternative else ""
-    return [
-        comment(what),
-        comment(f"Generated by opweave-plan export --to {ctx.target} (runtime {ctx.version}) from {p.model} "
-                f"plan ({p.policy}{alt}):"),
-        comment(f"  {integer(p.gpus_total)} GPUs, global batch {integer(p.global_batch)}, context "
-                f"{integer(p.workload.context_tokens)} tokens, predicted TPOT {p.tpot_ms:.6g} ms (SLO "
-                f"{p.workload.tpot_slo_ms:g} ms)."),
-        "set -euo pipefail",
-    ]
-
-
-def json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-
-
-_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
-
-
-def to_yaml(obj: Any) -> bytes:
-    """Block-style YAML of dicts/lists/scalars, keys in insertion order, strings double-quoted.
-
-    Deterministic and dependency-free; every string is a double-quoted scalar with every
-    non-printable character escaped, so no value is ever re-typed by a YAML reader (`"1"` stays a
-    string, `"on"` is not a boolean) and none can break a line (YAML also breaks at U+2028).
-    """
-    lines: list[str] = []
-    if isinstance(obj, dict):
-        _yaml_map(obj, 0, lines)
-    elif isinstance(obj, list):
-        _yaml_list(obj, 0, lines)
-    else:
-        lines.append(_yaml_scalar(obj))
-    return ("\n".join(lines) + "\n").encode()
-
-
-def _yaml_string(text: str) -> str:
-    """A YAML double-quoted scalar: `\\`, `"` and every non-printable character escaped."""
-    out = []
-    for c in text:
-        if c in '\\"':
-            out.append("\\" + c)
-        elif c.isprintable():
-            out.append(c)
-        else:
-            n = ord(c)
-            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
-    return '"' + "".join(out) + '"'
-
-
-def _yaml_scalar(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return format(v, ".9g") if math.isfinite(v) else ".nan" if v != v else ".inf" if v > 0 else "-.inf"
-    if isinstance(v, str):
-        return _yaml_string(v)
-    if isinstance(v, dict) and not v:
-        return "{}"
-    if isinstance(v, list) and not v:
-        return "[]"
-    raise TypeError(f"cannot write {type(v).__name__} as YAML")
-
-
-def _yaml_key(k: str) -> str:
-    plain = _PLAIN_KEY.fullmatch(k) and k.lower() not in ("true", "false", "null", "yes", "no", "on", "off")
-    return k if plain else _yaml_string(k)
-
-
-_IMPLICIT_KEY_MAX = 1000  # YAML limits an implicit key to 1024 characters; past that `? key` is explicit
-
-
-def _yaml_map(d: dict, indent: int, lines: list[str]) -> None:
-    pad = " " * indent
-    for k, v in d.items():
-        key = _yaml_key(str(k))
-        if len(key) > _IMPLICIT_KEY_MAX:  # `? key` on its line, then `: value`
-            lines.append(f"{pad}? {key}")
-            key = ""
-        if isinstance(v, dict) and v:
-            lines.append(f"{pad}{key}:")
-            _yaml_map(v, indent + 2, lines)
-        elif isinstance(v, list) and v:
-            lines.append(f"{pad}{key}:")
-            _yaml_list(v, indent + 2, lines)
-        else:
-            lines.append(f"{pad}{key}: {_yaml_scalar(v)}")
-
-
-def _yaml_list(items: list, indent: int, lines: list[str]) -> None:
-    pad = " " * indent
-    for item in items:
-        if isinstance(item, dict) and item:
-            sub: list[str] = []
-            _yaml_map(item, indent + 2, sub)
-            lines.append(f"{pad}- {sub[0].lstrip()}")
-            lines.extend(sub[1:])
-        elif isinstance(item, list) and item:
-            raise TypeError("nested lists are not written")
-        else:
-            lines.append(f"{pad}- {_yaml_scalar(item)}")
-
-
-# The benchmark's comparison, a fixed Python program fed as a quoted here-doc (`<<'EOF'`: nothing in
-# it expands); the figures it compares reach it as quoted arguments, never as program text.
-_HEREDOC_END = "EOF"
-_COMPARE = (
-    "import json, sys",
-    "path, predicted, slo = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])",
-    "with open(path) as fh:",
-    "    lines = [ln for ln in fh.read().splitlines() if ln.strip()]",
-    "r = json.loads(lines[-1])  # a JSON file, or the last record of a JSONL file",
-    "p50, p95 = float(r[{p50!r}]), float(r[{p95!r}])",
-    'print(f"TPOT p50 {{p50:.2f}} ms, p95 {{p95:.2f}} ms; plan predicts {{predicted:.2f}} ms "',
-    '      f"(p50 {{100 * (p50 / predicted - 1):+.1f}} %), SLO {{slo:g}} ms: "',
-    '      f"{{\'met\' if p95 <= slo else \'MISSED\'}} at p95")',
-)
-_RESULT_KEY = re.compile(r"[a-z0-9_]+")
-
-
-def compare_tpot_snippet(plan, p50_key: str, p95_key: str, result: ShellWord) -> list[str]:
-    """Bash lines that read the benchmark's JSON result and print measured vs predicted TPOT."""
-    if not (_RESULT_KEY.fullmatch(p50_key) and _RESULT_KEY.fullmatch(p95_key)):
-        raise InternalError(f"benchmark result keys {p50_key!r}, {p95_key!r} are not plain names")
-    body = [line.format(p50=p50_key, p95=p95_key) for line in _COMPARE]
-    if _HEREDOC_END in body:
-        raise InternalError("the benchmark's here-doc holds its own terminator")
-    argv = ["python3", "-", result, number(plan.tpot_ms), number(plan.workload.tpot_slo_ms)]
-    return [" ".join(quote(w) for w in argv) + f" <<'{_HEREDOC_END}'", *body, _HEREDOC_END]
-
-
-def bench_env(plan) -> list[str]:
-    """The benchmark's workload: `global_batch` concurrent requests filling the plan's context."""
-    ctx_tokens = plan.workload.context_tokens
-    out = min(BENCH_OUTPUT_TOKENS, max(2, ctx_tokens // 2))
-    return [
-        assign("HOST", Var("HOST", default="127.0.0.1")),
-        assign("PORT", Var("PORT", default=integer(BASE_PORT))),
-        assign("OUTPUT_LEN", Var("OUTPUT_LEN", default=integer(out))),
-        f'INPUT_LEN="${{INPUT_LEN:-$(( {integer(ctx_tokens)} - OUTPUT_LEN ))}}"',
-        assign("CONCURRENCY", Var("CONCURRENCY", default=integer(plan.global_batch)), "the plan\'s global batch"),
-        'NUM_PROMPTS="${NUM_PROMPTS:-$CONCURRENCY}"  # one wave: every request decodes alongside the others',
-        assign("RESULT_DIR", Var("RESULT_DIR", default="bench-results")),
-        'mkdir -p "$RESULT_DIR"',
-    ]
 
 
 def refuse(ctx: Context, why: str, fits) -> Refusal:

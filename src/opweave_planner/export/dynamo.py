@@ -10,7 +10,8 @@ vLLM release Dynamo 0.6.0 pins (0.10.2).
 from __future__ import annotations
 
 from opweave_planner.export import vllm as _vllm
-from opweave_planner.export.common import GPU_LABEL_KEY, Context, to_yaml
+from opweave_planner.export.common import GPU_LABEL_KEY, Context
+from opweave_planner.export.documents import to_yaml
 
 VERSIONS = ("0.6.0",)
 DEFAULT_VERSION = "0.6.0"

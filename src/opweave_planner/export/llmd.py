@@ -12,7 +12,8 @@ import math
 
 from opweave_planner.errors import UserError
 from opweave_planner.export import vllm as _vllm
-from opweave_planner.export.common import BASE_PORT, GPU_LABEL_KEY, Context, to_yaml
+from opweave_planner.export.common import BASE_PORT, GPU_LABEL_KEY, Context
+from opweave_planner.export.documents import to_yaml
 
 VERSIONS = ("0.4.12",)
 DEFAULT_VERSION = "0.4.12"

@@ -8,16 +8,9 @@ a field `tp_size` is the flag `--tp-size`, see `arg_utils.py`), the router's fro
 from __future__ import annotations
 
 from opweave_planner.export import vllm as _vllm
-from opweave_planner.export.common import (
-    BASE_PORT,
-    Context,
-    Word,
-    bench_env,
-    compare_tpot_snippet,
-    header,
-    script,
-    shell_command,
-)
+from opweave_planner.export.bench import BENCH_VARS, bench_env, compare_tpot_snippet
+from opweave_planner.export.common import BASE_PORT, Context
+from opweave_planner.export.shell import Word, header, script, shell_command
 
 FLAGS = {"0.5.23": {
     "model": "--model-path", "tp": "--tp-size", "ep": "--ep-size", "seqs": "--max-running-requests",
@@ -69,7 +62,7 @@ def render(ctx: Context) -> dict[str, bytes]:
 
 def benchmark(ctx: Context) -> bytes:
     """SGLang's own client (`sglang.benchmark.serving`): p50/p95 TPOT against the plan's."""
-    v = _vllm.BENCH_VARS
+    v = BENCH_VARS
     result = Word(v["RESULT_DIR"], "/tpot.jsonl")
     argv = ["python3", "-m", "sglang.benchmark.serving", "--backend", "sglang",
             "--host", v["HOST"], "--port", v["PORT"], "--model", ctx.model_id,

@@ -8,25 +8,9 @@ docs/export.md names the files.
 
 from __future__ import annotations
 
-from opweave_planner.export.common import (
-    BASE_PORT,
-    Context,
-    Var,
-    Word,
-    assign,
-    bench_env,
-    compare_tpot_snippet,
-    header,
-    integer,
-    is_colocated,
-    refuse,
-    script,
-    shape_words,
-    shell_command,
-)
-
-BENCH_VARS = {name: Var(name) for name in ("HOST", "PORT", "INPUT_LEN", "OUTPUT_LEN", "NUM_PROMPTS",
-                                            "CONCURRENCY", "RESULT_DIR")}
+from opweave_planner.export.bench import BENCH_VARS, bench_env, compare_tpot_snippet
+from opweave_planner.export.common import BASE_PORT, Context, is_colocated, refuse, shape_words
+from opweave_planner.export.shell import Var, Word, assign, header, integer, script, shell_command
 
 # Same flag names in both pinned releases; kept per version so a rename is a one-line change.
 _SERVE = {

@@ -13,17 +13,14 @@ from __future__ import annotations
 import json
 
 from opweave_planner.export import vllm as _vllm
-from opweave_planner.export.common import (
-    BASE_PORT,
-    Context,
-    Refusal,
+from opweave_planner.export.common import BASE_PORT, Context, Refusal, refuse
+from opweave_planner.export.shell import (
     Var,
     Word,
     assign,
     comment,
     header,
     integer,
-    refuse,
     script,
     shell_command,
 )
