@@ -33,9 +33,9 @@ from typing import Annotated, Literal, get_args
 
 import numpy as np
 import orjson
-from numba import njit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from opweave_planner import jit
 from opweave_planner.atomic import check_input_file
 from opweave_planner.errors import UserError
 from opweave_planner.inputs.units import parse_tokens
@@ -342,8 +342,15 @@ def workload_spec(
     text = str(workload)
     path = Path(text).expanduser()
     inline = ":" in text and not text.lower().endswith((".csv", ".jsonl", ".toml"))
-    if os.path.lexists(path) or not inline:
-        if not os.path.lexists(path):
+    try:
+        os.lstat(path)
+        named = True
+    except FileNotFoundError:
+        named = False
+    except (OSError, ValueError):  # under a file, a name too long...: a path, unless a law
+        named = not inline
+    if named or not inline:
+        if not named:
             raise UserError(f"{field} {text}: no such file (and not an inline law such as "
                             "lognormal:mean=12k,cv=1.2;out=geometric:mean=300)")
         check_input_file(path, field)  # a folder, FIFO, device, loop or dangling link, by name
@@ -414,13 +421,13 @@ _OUTPUT = np.frombuffer(b"output_length", np.uint8)
 _TRUE, _FALSE, _NULL = (np.frombuffer(word, np.uint8) for word in (b"true", b"false", b"null"))
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.kernel(refcount=False)
 def _space(c):
     """ASCII whitespace as str.isspace() has it (what a blank line and a padded number hold)."""
     return c == 32 or 9 <= c <= 13 or 28 <= c <= 31
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.kernel(refcount=False)
 def _utf8(buf, i, n):
     """Length of the UTF-8 character that starts with byte buf[i] >= 0x80: 2-4, 0 if it is
     none (Python's strict decoder: no overlong form, surrogate or code point past U+10FFFF),
@@ -448,7 +455,7 @@ def _utf8(buf, i, n):
     return k
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.kernel(refcount=False)
 def _fail(info, status, line, a, b, c, d):
     info[0] = status
     info[4] = line
@@ -458,7 +465,7 @@ def _fail(info, status, line, a, b, c, d):
     info[8] = d
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.entry
 def _scan_csv(buf, pos, final, line, cols, out_p, out_o, row, info):
     """Records of buf[pos:] parsed as the csv module's excel dialect does (``"`` quotes a field,
     ``""`` inside is one quote, a quote elsewhere is text), a record ending at \\n, \\r\\n or \\r
@@ -612,7 +619,7 @@ def _scan_csv(buf, pos, final, line, cols, out_p, out_o, row, info):
     info[3] = line
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.kernel(refcount=False)
 def _json_string(buf, i, e):
     """Index after the JSON string that starts at buf[i] == '"', -1 if it is not a plain one
     (a \\u escape, a control character, no closing quote: orjson decides)."""
@@ -636,7 +643,7 @@ def _json_string(buf, i, e):
     return -1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.kernel(refcount=False)
 def _json_number(buf, i, e):
     """Index after the JSON number at buf[i], -1 if it is none or one orjson might refuse
     (an exponent of three digits may overflow a double; 40 characters bound the mantissa)."""
@@ -669,7 +676,7 @@ def _json_number(buf, i, e):
     return j if j - i <= 40 else -1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.kernel(refcount=False)
 def _json_length(buf, i, e, minimum):
     """(value, index after it) of a length written as a plain JSON integer in minimum..2^40,
     (-1, -1) otherwise (a float, a sign, a string...: orjson and the old checks decide)."""
@@ -684,7 +691,7 @@ def _json_length(buf, i, e, minimum):
     return v, j
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.kernel(refcount=False)
 def _same(buf, i, j, word):
     if j - i != word.size:
         return False
@@ -694,7 +701,7 @@ def _same(buf, i, j, word):
     return True
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.kernel(refcount=False)
 def _json_lengths(buf, s, e, stack):
     """(code, input_length, output_length) of the JSON line buf[s:e]: code 0 read, 1 a blank
     line, 2 anything unusual (orjson and the old checks decide), 3 a length key given twice.
@@ -789,7 +796,7 @@ def _json_lengths(buf, s, e, stack):
     return (3 if twice else 0), vin, vout
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@jit.entry
 def _scan_jsonl(buf, pos, final, line, out_p, out_o, row, info):
     """JSON lines of buf[pos:] (ending at \\n, \\r\\n or \\r), their input and output lengths
     to out_p/out_o; stops at a line for orjson (_SLOW: info[5:8] its start, end and the next
@@ -1130,7 +1137,10 @@ def trace_sha256(workload: str | os.PathLike) -> str | None:
     """The sha256 of a trace file (read once, as a request would), None for a law or an inline
     law: tells whether another path holds the same trace."""
     path = Path(workload).expanduser()
-    if not path.is_file() or path.suffix.lower() == ".toml":
+    try:
+        if not path.is_file() or path.suffix.lower() == ".toml":
+            return None
+    except (OSError, ValueError):  # a name too long (is_file raises ENAMETOOLONG on 3.11)
         return None
     return _read_once(path).sha256
 
@@ -1218,13 +1228,13 @@ def stationary_moments(
     return theta, max(nu2, 0.0)
 
 
-def _trace_pmf(prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+def _trace_pmf(prompt: np.ndarray, output: np.ndarray, what: str) -> np.ndarray:
     """Dense stationary context law of a trace: request i covers contexts [P_i, P_i + D_i)
     with one unit of mass each, normalised by sum(D)."""
     end = prompt + output
     size = int(end.max())
     if size > MAX_SUPPORT:
-        raise UserError(f"workload: contexts up to {size} tokens; give --max-model-len")
+        raise UserError(f"{what}: contexts up to {size} tokens; give --max-model-len")
     diff = np.bincount(prompt, minlength=size + 1).astype(np.float64)
     diff -= np.bincount(end, minlength=size + 1)
     pmf = np.cumsum(diff)[:size]
@@ -1458,7 +1468,7 @@ def _trace(spec: TraceSpec) -> Workload:
             f"{spec.max_model_len}; nothing left to plan for"
         )
     theta, nu2 = stationary_moments(p, o)
-    pmf = _trace_pmf(p, o)
+    pmf = _trace_pmf(p, o, f"trace {spec.path}")
     p.setflags(write=False)
     o.setflags(write=False)
     return Workload(spec, pmf, theta, nu2, float(p.mean()), float(o.mean()),
