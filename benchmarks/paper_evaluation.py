@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 
 from opweave_planner.compare import compare, iter_violations
-from opweave_planner.report import dumps
+from opweave_planner.plan import dumps
 
 GRID = {
     "gemma-3-27b": ["25ms", "60ms"],

@@ -18,7 +18,7 @@ from opweave_planner.compare import (
     parse_bandwidth_gbps,
 )
 from opweave_planner.errors import UserError
-from opweave_planner.report import dumps
+from opweave_planner.plan import dumps
 
 SMALL = dict(max_owners=2, batches=(1, 2, 4, 8, 16, 32, 64), max_replicas=2)
 

@@ -6,6 +6,8 @@ import copy
 import json
 import subprocess
 from pathlib import Path
+from types import UnionType
+from typing import get_args, get_origin
 
 import orjson
 import pytest
@@ -18,11 +20,22 @@ from opweave_planner.contract import (
     parse_plan,
     plan_schema,
     read_plan,
+    recorded_request,
     schema_bytes,
     shipped_schema_bytes,
 )
 from opweave_planner.errors import UserError
-from opweave_planner.plan import SCHEMA_VERSION, Infeasible, Plan, plan_bytes
+from opweave_planner.inputs.request import PlanRequest, space_fields
+from opweave_planner.plan import (
+    FLAG_AT,
+    SCHEMA_VERSION,
+    TABLE,
+    Infeasible,
+    Plan,
+    SpaceOut,
+    plan_bytes,
+    space_values,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 SMALL = dict(max_owners=2, batches=(8, 16, 32, 64), max_replicas=2, tensor_parallel_sizes=(1, 2))
@@ -224,3 +237,40 @@ def test_diff_words_json_and_exit_codes(plans, tmp_path):
 def test_schema_command_prints_shipped_schema():
     res = cli("schema")
     assert res.returncode == 0 and res.stdout.encode() == shipped_schema_bytes()
+
+
+# ----------------------------------------------------------------------------- the request table
+
+def _declared(model, dotted: str) -> bool:
+    """Whether the plan models declare a dotted key (a dict's keys are open)."""
+    for key in dotted.split("."):
+        if model is dict:
+            return True
+        if key not in getattr(model, "model_fields", {}):
+            return False
+        kind = model.model_fields[key].annotation
+        (kind,) = [a for a in get_args(kind) if a is not type(None)] if isinstance(kind, UnionType) else [kind]
+        model = get_origin(kind) or kind
+    return True
+
+
+def test_every_row_names_a_request_field_and_a_plan_key():
+    assert len({r.at for r in TABLE}) == len(TABLE)
+    for row in TABLE:
+        assert row.field is None or row.field in PlanRequest.model_fields, row
+        assert _declared(Plan, row.at), row
+    assert FLAG_AT["--max-gpus"] == "search.space.max_gpus" and FLAG_AT["--slo"] == "workload.tpot_slo_ms"
+
+
+def test_the_space_model_is_the_tables_space_rows():
+    rows = [r for r in TABLE if r.at.startswith("search.space.")]
+    assert list(SpaceOut.model_fields) == [r.at.removeprefix("search.space.") for r in rows]
+    assert {r.field for r in rows if r.field} == set(space_fields())  # PlanRequest marks the same ones
+    for r in rows:  # a key added after 1.0 is absent from older files
+        assert SpaceOut.model_fields[r.at.removeprefix("search.space.")].is_required() is (r.since == 0), r
+
+
+@pytest.mark.parametrize("key", ["colocated", "mixed"])
+def test_the_recorded_request_records_the_same_space(plans, key):
+    plan = plans[key]
+    assert SpaceOut(**space_values(recorded_request(plan))) == plan.search.space

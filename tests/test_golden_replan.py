@@ -83,7 +83,7 @@ def test_golden_replans_to_the_same_bytes(path: Path):
     fresh = _strip(fresh, minor)
     if golden.schema_version not in CURRENT:  # an older file: compare what it carries
         fresh["schema_version"] = golden.schema_version
-    from opweave_planner.report import dumps
+    from opweave_planner.plan import dumps
 
     if dist is not None:
         for doc in [fresh, *(a["plan"] for a in fresh.get("alternatives", {}).values())]:

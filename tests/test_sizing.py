@@ -9,8 +9,8 @@ import pytest
 
 from opweave_planner.contract import read_plan
 from opweave_planner.errors import UserError
+from opweave_planner.plan import Deployment
 from opweave_planner.sizing import (
-    Deployment,
     copies_needed,
     deployment_lines,
     size,

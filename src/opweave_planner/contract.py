@@ -23,8 +23,18 @@ import orjson
 from pydantic import ValidationError
 
 from opweave_planner.errors import UserError
-from opweave_planner.plan import SCHEMA_MAJOR, SCHEMA_VERSION, Infeasible, Plan, distribution_minor
-from opweave_planner.report import dumps
+from opweave_planner.plan import (
+    DIFF_WORDS,
+    FLAG_AT,
+    SCHEMA_MAJOR,
+    SCHEMA_VERSION,
+    Infeasible,
+    Plan,
+    distribution_minor,
+    dumps,
+    recorded_values,
+    value_at,
+)
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "schemas" / "plan.schema.json"
 SCHEMA_TITLE = "opweave-planner plan file"
@@ -109,23 +119,8 @@ def parse_plan(obj: Any, where: str) -> Plan | Infeasible:
     return doc
 
 
-# where each request setting lives in a plan file (for errors about a recorded value)
-_RECORDED_AT = {"--slo": "workload.tpot_slo_ms", "--ctx": "workload.context_tokens", "--policy": "policy",
-                "--workload": "workload.distribution.workload", "--scale-ctx": "workload.distribution.scale_ctx",
-                "--max-model-len": "workload.distribution.max_model_len",
-                "--overflow": "workload.distribution.overflow",
-                "--slo-percentile": "workload.distribution.slo_percentile",
-                "--kv-quantile": "workload.distribution.kv_quantile",
-                "--scenarios": "workload.distribution.scenarios", "--seed": "workload.distribution.seed",
-                "--network-bandwidth": "provenance.network.inter_node_gbps",
-                "--network-latency": "provenance.network.inter_node_latency_us",
-                "--backend": "provenance.backend", "--model": "model"}
-
-
 def check_recorded_request(doc: Plan | Infeasible, where: str) -> None:
     """The request a plan records must itself be valid (simulate and regen rebuild it)."""
-    from opweave_planner.inputs.request import flag_of, space_fields
-
     # a workload's trace may live elsewhere on this machine (simulate asks for it); the rest of
     # the request is checked at the plan's longest context
     dist = doc.workload.distribution
@@ -134,9 +129,8 @@ def check_recorded_request(doc: Plan | Infeasible, where: str) -> None:
         recorded_request(doc, **fixed)
     except UserError as exc:
         text = str(exc)
-        at = {**_RECORDED_AT, **{flag_of(n): f"search.space.{n}" for n in space_fields()}}
         flag, sep, rest = text.partition(": ")
-        loc = at.get(flag)
+        loc = FLAG_AT.get(flag)  # the key that records the flag
         raise UserError(f"{where}: inconsistent plan: {loc}: {rest}" if sep and loc
                         else f"{where}: inconsistent plan: {text}") from None
 
@@ -381,22 +375,8 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     network), with `overrides` (PlanRequest field names; None = keep the plan's)."""
     from opweave_planner.inputs.request import WORKLOAD_ONLY, make_request
 
-    model = getattr(plan, "model_source", None) or plan.model
-    values: dict[str, Any] = {"model": model, "slo": plan.workload.tpot_slo_ms,
-                              "ctx": plan.workload.context_tokens, "policy": plan.policy}
+    values = recorded_values(plan)
     dist = plan.workload.distribution
-    if dist is not None:
-        values.update(ctx=None, workload=dist.workload, scale_ctx=dist.scale_ctx, max_model_len=dist.max_model_len,
-                      overflow=dist.overflow, slo_percentile=dist.slo_percentile, kv_quantile=dist.kv_quantile,
-                      scenarios=dist.scenarios, seed=dist.seed)
-    if isinstance(plan, Plan):
-        space = plan.search.space.model_dump()
-        if space.pop("memory_reserve_gb_by_gpu") is not None:  # the catalog's own, per GPU type
-            space["memory_reserve_gb"] = None
-        values.update(space)
-        net = plan.provenance.network
-        values.update(backend=plan.provenance.backend, network_bandwidth=net.get("inter_node_gbps"),
-                      network_latency=net.get("inter_node_latency_us"))
     given = {k: v for k, v in overrides.items() if v is not None}
     if "ctx" in given:  # re-evaluate at one fixed context: drop the recorded workload settings
         for key in ("workload", *WORKLOAD_ONLY):
@@ -538,25 +518,6 @@ def _request(p: Plan | Infeasible) -> dict[str, Any]:
     return {"model": p.model, "policy": p.policy, "workload": p.workload.model_dump()}
 
 
-#: request keys a diff names, in this order (the workload's by their flag spelling)
-_REQUEST_WORDS = (("model", "model"), ("policy", "policy"), ("workload.tpot_slo_ms", "SLO ms"),
-                  ("workload.context_tokens", "ctx"), ("workload.distribution.workload", "workload"),
-                  ("workload.distribution.sha256", "trace sha256"),
-                  ("workload.distribution.prompt", "prompt law"), ("workload.distribution.output", "output law"),
-                  ("workload.distribution.scale_ctx", "scale-ctx"),
-                  ("workload.distribution.max_model_len", "max-model-len"),
-                  ("workload.distribution.overflow", "overflow"),
-                  ("workload.distribution.slo_percentile", "slo-percentile"),
-                  ("workload.distribution.kv_quantile", "kv-quantile"),
-                  ("workload.distribution.scenarios", "scenarios"), ("workload.distribution.seed", "seed"))
-
-
-def _at(doc: dict[str, Any], dotted: str) -> Any:
-    for key in dotted.split("."):
-        doc = doc.get(key) if isinstance(doc, dict) else None
-    return doc
-
-
 def _request_words(ro: dict[str, Any], rn: dict[str, Any]) -> str:
     """'request: SLO ms 60 -> 30, seed 0 -> 1': the request settings that differ, old -> new
     (a setting one side does not have reads 'none'; derived workload figures are left out)."""
@@ -564,10 +525,10 @@ def _request_words(ro: dict[str, Any], rn: dict[str, Any]) -> str:
         return "none" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
 
     # two workload plans: the context key is derived (the longest request), not a setting
-    both = _at(ro, "workload.distribution") and _at(rn, "workload.distribution")
+    both = value_at(ro, "workload.distribution") and value_at(rn, "workload.distribution")
     derived = {"workload.context_tokens"} if both else set()
-    parts = [f"{word} {show(_at(ro, key))} -> {show(_at(rn, key))}"
-             for key, word in _REQUEST_WORDS if key not in derived and _at(ro, key) != _at(rn, key)]
+    parts = [f"{word} {show(value_at(ro, key))} -> {show(value_at(rn, key))}"
+             for key, word in DIFF_WORDS if key not in derived and value_at(ro, key) != value_at(rn, key)]
     return "request: " + (", ".join(parts) if parts else "the workload's derived figures differ")
 
 

@@ -1,4 +1,4 @@
-"""Rendering: rich tables for people, orjson for machines, progress on stderr.
+"""Rendering: rich tables for people, canonical JSON on stdout for machines, progress on stderr.
 
 No computation here, and nothing heavy at import time (numpy, numba and rich load
 inside the functions) so that `opweave-plan --help` stays fast.
@@ -14,18 +14,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import orjson
-
 WIDE = 400
 """Console width when the output is not a terminal: tables are never wrapped or cut in logs."""
 
 
-def dumps(obj: Any) -> bytes:
-    """Canonical JSON: sorted keys, 2-space indent, trailing newline (byte-stable)."""
-    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-
-
 def emit_json(obj: Any) -> None:
+    from opweave_planner.plan.io import dumps  # canonical bytes are the plan file's
+
     sys.stdout.buffer.write(dumps(obj))
     sys.stdout.flush()
 

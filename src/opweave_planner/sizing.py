@@ -22,22 +22,19 @@ of G GPUs holds floor(G / tensor_parallel) groups.
   owner group: owner m needs ceil(copies x replicas_m / floor(G_m / tensor_parallel_m)) nodes, and
   owners never share a node even when they use the same GPU type.
 
-Pure: plain numbers or a Plan in, a frozen `Deployment` out. Ranked with plan.py (it reads a
-Plan's fields but does not import the module, so plan.py may record a Deployment).
+Pure: plain numbers or a Plan in, a frozen `Deployment` out (the model is the plan file's, in
+plan/schema.py; this module only does the arithmetic, above the plan package).
 """
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from opweave_planner.errors import UserError
-
-if TYPE_CHECKING:  # a Plan is read by its fields only (plan.py may import this module)
-    from opweave_planner.plan import Plan
+from opweave_planner.plan.io import rounded
+from opweave_planner.plan.schema import Deployment, OwnerDeployment, Plan
 
 TOKENS_FLAG = "--target-tokens-per-s"
 CONCURRENCY_FLAG = "--target-concurrency"
@@ -46,53 +43,6 @@ NODE_RULES = {
     "inter_node": "nodes per owner group: stage hand-offs cross the network",
     "none": "nodes per owner group: one owner",
 }
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def _f(description: str, **kw):
-    return Field(description=description, **kw)
-
-
-class OwnerDeployment(_Frozen):
-    """One owner of the plan, multiplied out to the deployment."""
-
-    index: int = _f("Owner index in the plan (owners[].index)", ge=0)
-    gpu: str = _f("GPU type id")
-    tensor_parallel: int = _f("GPUs per device group", ge=1)
-    replicas: int = _f("Device groups of this owner in the whole deployment: copies x the plan's replicas", ge=1)
-    gpus: int = _f("GPUs of this owner in the deployment: replicas x tensor_parallel", ge=1)
-    nodes: int | None = _f("Nodes this owner's groups occupy (absent when owners share nodes: stage link "
-                           "intra_node)", default=None, ge=1)
-    usd_per_hour: float = _f("Price of this owner's GPUs, USD per hour", ge=0)
-
-
-class Deployment(_Frozen):
-    """How many copies of a plan a target load needs, with GPUs, nodes and cost per hour."""
-
-    target_tokens_per_s: float | None = _f("Requested output throughput, tokens per second", default=None, gt=0)
-    target_concurrency: int | None = _f("Requested concurrent requests", default=None, ge=1)
-    tokens_per_s_per_copy: float = _f("Output tokens per second of one copy: global_batch / TPOT", gt=0)
-    concurrency_per_copy: int = _f("Concurrent requests of one copy (the plan's global_batch)", ge=1)
-    copies: int = _f("Copies of the whole plan (every owner with its replicas), rounded up", ge=1)
-    tokens_per_s: float = _f("Output throughput of the deployment: copies x tokens_per_s_per_copy", gt=0)
-    concurrency: int = _f("Concurrent requests the deployment holds: copies x global_batch", ge=1)
-    owners: list[OwnerDeployment] = _f("Per owner: replicas, GPUs, nodes and price in the deployment",
-                                       min_length=1)
-    gpus_total: int = _f("GPUs in the deployment: copies x the plan's gpus_total", ge=1)
-    gpus_by_type: dict[str, int] = _f("GPUs per GPU type")
-    nodes_total: int = _f("Nodes in the deployment", ge=1)
-    nodes_by_type: dict[str, int] = _f("Nodes per GPU type")
-    node_rule: str = _f("How nodes were counted: whole copies per node (stage link intra_node) or nodes "
-                        "per owner group")
-    usd_per_hour: float = _f("Cost of the deployment, USD per hour", ge=0)
-
-
-def _round(x: float, digits: int = 9) -> float:
-    """The plan file's rounding: identical inputs print identical bytes."""
-    return float(f"{x:.{digits}g}")
 
 
 def _exact(x: float | int) -> Fraction:
@@ -158,7 +108,7 @@ def size(*, global_batch: int, tpot_ms: float, owners: list[tuple[str, int, int,
         groups = copies * replicas
         nodes = None if shared else math.ceil(groups / (gpus_per_node[gpu] // tp))
         out_owners.append(OwnerDeployment(index=o, gpu=gpu, tensor_parallel=tp, replicas=groups, gpus=groups * tp,
-                                          nodes=nodes, usd_per_hour=_round(groups * usd)))
+                                          nodes=nodes, usd_per_hour=rounded(groups * usd)))
         gpus_by_type[gpu] = gpus_by_type.get(gpu, 0) + groups * tp
         if nodes is not None:
             nodes_by_type[gpu] = nodes_by_type.get(gpu, 0) + nodes
@@ -175,12 +125,12 @@ def size(*, global_batch: int, tpot_ms: float, owners: list[tuple[str, int, int,
     return Deployment(
         target_tokens_per_s=None if target_tokens_per_s is None else float(target_tokens_per_s),
         target_concurrency=target_concurrency,
-        tokens_per_s_per_copy=_round(tokens_per_copy), concurrency_per_copy=global_batch, copies=copies,
-        tokens_per_s=_round(copies * tokens_per_copy), concurrency=copies * global_batch,
+        tokens_per_s_per_copy=rounded(tokens_per_copy), concurrency_per_copy=global_batch, copies=copies,
+        tokens_per_s=rounded(copies * tokens_per_copy), concurrency=copies * global_batch,
         owners=out_owners, gpus_total=copies * per_copy_gpus,
         gpus_by_type=dict(sorted(gpus_by_type.items())), nodes_total=sum(nodes_by_type.values()),
         nodes_by_type=dict(sorted(nodes_by_type.items())), node_rule=NODE_RULES[stage_link],
-        usd_per_hour=_round(copies * sum(r * usd for _g, _tp, r, usd in owners)),
+        usd_per_hour=rounded(copies * sum(r * usd for _g, _tp, r, usd in owners)),
     )
 
 

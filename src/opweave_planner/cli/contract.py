@@ -52,8 +52,7 @@ def simulate_cmd(
     """
     from opweave_planner.atomic import shown_path
     from opweave_planner.contract import evaluate_plan, read_feasible_plan
-    from opweave_planner.plan import plan_bytes, write_atomic
-    from opweave_planner.report import dumps
+    from opweave_planner.plan import dumps, plan_bytes, write_atomic
 
     doc = read_feasible_plan(plan)
     ev = evaluate_plan(doc, where=shown_path(plan), **settings)  # the path may hold control characters
@@ -117,7 +116,7 @@ def diff_cmd(
     Exit 0 when equivalent, 1 when the plan changed, 2 on bad input.
     """
     from opweave_planner.contract import diff_plans, read_plan
-    from opweave_planner.report import dumps
+    from opweave_planner.plan import dumps
 
     result = diff_plans(read_plan(old), read_plan(new))
     if as_json:
@@ -156,8 +155,8 @@ def regen_cmd(
     Exit 1 when any plan file changed, 0 when none, 2 on bad input or a failed entry.
     """
     from opweave_planner.errors import UserError
+    from opweave_planner.plan import dumps
     from opweave_planner.regen import regen
-    from opweave_planner.report import dumps
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

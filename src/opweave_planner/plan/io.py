@@ -1,0 +1,61 @@
+"""A plan's bytes: canonical JSON, fixed rounding, the version stamp, atomic writing.
+
+Equal inputs give equal files (tests/test_golden_replan.py compares bytes), and a file is
+stamped with the lowest 1.x whose keys it carries, so a reader of an older 1.x keeps reading it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+
+from opweave_planner.atomic import write_atomic
+from opweave_planner.plan.request import SPACE, SPACE_ROWS
+from opweave_planner.plan.schema import SCHEMA_MAJOR, Distribution, SpaceOut
+
+__all__ = ["dumps", "rounded", "plan_bytes", "write_atomic", "schema_version_for", "distribution_minor"]
+
+# search.space keys added after 1.0, with the MINOR that introduced them (from the table)
+_MINOR_KEYS = tuple((r.at.removeprefix(SPACE), r.since) for r in SPACE_ROWS if r.since)
+
+
+def dumps(obj: Any) -> bytes:
+    """Canonical JSON: sorted keys, 2-space indent, trailing newline (byte-stable)."""
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+
+
+def rounded(x: float, digits: int = 9) -> float:
+    """Stable decimal rounding so identical inputs always print identical bytes."""
+    return float(f"{x:.{digits}g}")
+
+
+def plan_bytes(plan: BaseModel) -> bytes:
+    """Canonical bytes of a plan (sorted keys, fixed rounding): equal inputs give equal files.
+
+    Optional keys added by a later MINOR version are omitted when absent, so a file written by
+    an older 1.x reads back to the same bytes.
+    """
+    return dumps(plan.model_dump(mode="json", exclude_none=True))
+
+
+def distribution_minor(distribution: Distribution) -> int:
+    """The lowest 1.x that can carry this workload record (1.4: the value "truncate")."""
+    return 4 if distribution.overflow == "truncate" else 3
+
+
+def schema_version_for(space: SpaceOut, alternatives: bool = False,
+                       distribution: Distribution | None = None) -> str:
+    """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction; 1.2:
+    alternatives, model_source and the deployment constraints; 1.3: a workload distribution;
+    1.4: its ``overflow`` "truncate"; 1.5: per-GPU memory reserves; `alternatives` says a 1.2
+    key outside the searched space is present; `distribution` is the plan's workload
+    distribution record, or None)."""
+    minor = 2 if alternatives else 1
+    if distribution is not None:
+        minor = distribution_minor(distribution)
+    for key, since in _MINOR_KEYS:
+        if getattr(space, key) is not None:
+            minor = max(minor, since)
+    return f"{SCHEMA_MAJOR}.{minor}"

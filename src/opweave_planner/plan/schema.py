@@ -1,0 +1,334 @@
+"""Every model of a plan file: a pydantic contract, frozen, strict, finite.
+
+Units: milliseconds for times, USD per million output tokens for cost, USD per
+hour for prices, bytes for payloads and memory. `schema_version` is
+MAJOR.MINOR: a new optional key bumps MINOR (old readers keep working); a
+removed/renamed key or a changed meaning bumps MAJOR. See
+docs/consuming-a-plan.md; the JSON Schema (schemas/plan.schema.json) is
+generated from these models by `opweave_planner.contract.plan_schema`.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Annotated, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
+
+from opweave_planner.inputs.request import PlanRequest
+from opweave_planner.plan.request import SPACE, SPACE_ROWS, Recorded
+
+__all__ = [
+    "SCHEMA_MAJOR", "SCHEMA_VERSION", "NAME_PATTERN", "Name", "PolicyName", "Plan", "Infeasible",
+    "Alternative", "Workload", "Distribution", "TpotStats", "OwnerOut", "StageOut", "TemplateOut", "Metrics",
+    "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment",
+]
+
+SCHEMA_VERSION = "1.5"
+SCHEMA_MAJOR = 1
+_VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
+
+
+class _Frozen(BaseModel):
+    # floats must be finite everywhere (JSON has no NaN/inf; a writer must not emit null)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# strict field types: `true` is not 1 and "3" is not 3 in a plan file
+PolicyName = Literal["opweave", "colocated", "afd", "cad"]  # = inputs.request.Policy values
+_ACTION_PATTERN = r"^(compute|send|recv) (0|[1-9][0-9]*) (0|[1-9][0-9]*)$"
+ActionEntry = Annotated[str, Field(pattern=_ACTION_PATTERN)]
+Count = Annotated[StrictInt, Field(ge=0)]
+FinitePrice = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+NetworkFigure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Names and paths that exports write into scripts and manifests, and the terminal prints: no
+# control characters (a newline in a model name would become its own line of a generated script)
+NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+def _f(description: str, **kw):
+    """A key with its description first: every key of the file says what it is and its unit."""
+    return Field(description=description, **kw)
+
+
+class Distribution(_Frozen):
+    """The request-length workload a plan was made for (schema 1.3): where it came from, how it
+    was shaped, its stationary decode context, and the settings of the percentile objective."""
+
+    workload: str = _f("The --workload value: a trace or law file (absolute path) or an inline law")
+    source: Literal["trace", "law"] = _f("A request trace, or a parametric law")
+    format: str | None = _f("Trace format recognised from its header (azure, burstgpt, mooncake, vidur, "
+                            "plain)", default=None)
+    sha256: str | None = _f("SHA-256 of the trace file", default=None)
+    rows: Count | None = _f("Requests in the trace file", default=None)
+    requests: Count | None = _f("Requests kept after --max-model-len", default=None)
+    clipped: Count | None = _f("Requests --max-model-len shortened (output clipped, or prompt truncated)",
+                               default=None)
+    dropped: Count | None = _f("Requests --max-model-len dropped", default=None)
+    prompt: str | None = _f("Prompt-length law (a law)", default=None)
+    output: str | None = _f("Output-length law (a law)", default=None)
+    clipped_mass: float | None = _f("Probability mass clipped by --max-model-len (a law)", default=None, ge=0)
+    dropped_mass: float | None = _f("Probability mass dropped by --max-model-len (a law)", default=None, ge=0)
+    scale_ctx: StrictInt | None = _f("--scale-ctx: target stationary mean context, tokens", default=None)
+    prompt_scale: float = _f("Factor applied to prompt lengths for --scale-ctx (1: none)", gt=0)
+    max_model_len: StrictInt | None = _f("Longest request admitted (prompt + output), tokens", default=None)
+    overflow: Literal["clip", "drop", "truncate"] = _f("What --max-model-len did to longer requests "
+                                                       "(truncate: since schema 1.4)")
+    theta: float = _f("Stationary mean decode context θ, tokens (what a random decode step sees)", ge=0)
+    nu: float = _f("Its standard deviation ν, tokens", ge=0)
+    cv: float = _f("ν / θ", ge=0)
+    naive_mean: float = _f("Arrival average prompt mean + output mean / 2, tokens (not what decode sees)",
+                           ge=0)
+    mean_prompt: float = _f("Mean prompt length of the kept requests, tokens", ge=0)
+    mean_output: float = _f("Mean output length of the kept requests, tokens", ge=0)
+    max_context: Count = _f("Longest context a request reaches, tokens")
+    context_quantiles: dict[str, Count] = _f("Quantiles of the stationary decode context, tokens")
+    slo_percentile: float = _f("Percentile of step TPOT held to the SLO", gt=0, lt=100)
+    kv_quantile: float = _f("Quantile of a replica's summed KV/state its memory is sized for", gt=0, lt=1)
+    scenarios: StrictInt = _f("Sampled snapshots of the resident contexts the TPOT figures come from", ge=1)
+    seed: Count = _f("Seed of those snapshots")
+    context_knots: StrictInt = _f("Contexts at which stage latencies were looked up (linear between them)",
+                                  ge=2)
+
+
+class Workload(_Frozen):
+    """The request the plan serves."""
+
+    context_tokens: StrictInt = _f("Context length per request that KV/state must fit, tokens (a workload: "
+                                   "its longest request, prompt + output, what a runtime's max-model-len "
+                                   "must admit)", ge=1)
+    tpot_slo_ms: float = _f("Time-per-output-token SLO, milliseconds", gt=0)
+    distribution: Distribution | None = _f("The request-length workload (absent: every request at "
+                                           "context_tokens); added in schema 1.3", default=None)
+
+
+class TpotStats(_Frozen):
+    """Step TPOT over the workload's scenarios (schema 1.3). `tpot_ms` is the `percentile`."""
+
+    percentile: float = _f("The percentile tpot_ms reports (the SLO is held there)", gt=0, lt=100)
+    mean_ms: float = _f("Mean step TPOT (the cost per token uses it: throughput is B / mean)", gt=0)
+    p50_ms: float = _f("Median step TPOT", gt=0)
+    p95_ms: float = _f("95th percentile step TPOT", gt=0)
+    p99_ms: float = _f("99th percentile step TPOT", gt=0)
+    max_ms: float = _f("Slowest sampled step", gt=0)
+    at_mean_context_ms: float = _f("Round trip with every request at θ (what the stage figures show)", gt=0)
+    samples: StrictInt = _f("Periods sampled: scenarios, times replicas for a one-owner plan", ge=1)
+
+
+class OwnerOut(_Frozen):
+    """A device group type: `replicas` identical groups of `tensor_parallel` GPUs of type `gpu`."""
+
+    index: StrictInt = _f("Owner index; stages[].owner refers to it", ge=0)
+    gpu: Name = _f("GPU type id (catalog id, e.g. h100)")
+    tensor_parallel: StrictInt = _f("GPUs per device group (tensor-parallel degree), all in one node", ge=1)
+    expert_parallel: StrictInt = _f("Routed experts split across this many GPUs of the group (1: replicated "
+                              "per TP shard rules)", ge=1)
+    replicas: StrictInt = _f("Number of identical device groups; each serves resident_batch requests", ge=1)
+    resident_batch: StrictInt = _f("Requests resident on one replica (= microbatches x microbatch)", ge=1)
+    microbatch: StrictInt = _f("Requests per microbatch on one replica", ge=1)
+    stage_positions: list[Count] = _f("Indices of the stages this owner runs, ascending")
+    usd_per_hour_per_replica: float = _f("Price of one replica: tensor_parallel x GPU price, USD per hour", ge=0)
+    busy_fraction: float = _f("Fraction of the round trip the group computes (0..1)", ge=0, le=1)
+    memory_bytes_per_gpu: float = _f("Bytes per GPU: weight shard + KV/state of resident_batch requests "
+                                     "+ activation workspace", ge=0)
+
+
+class StageOut(_Frozen):
+    """A contiguous (cyclic) operator range run by one owner."""
+
+    index: StrictInt = _f("Stage position in the decode loop; stage 0 holds the embedding", ge=0)
+    owner: StrictInt = _f("Owner running this stage", ge=0)
+    operators: list[str] = _f("Operator names in execution order (model operator sequence slice)",
+                              min_length=1)
+    latency_ms: float = _f("Compute time of the stage for one microbatch, milliseconds", ge=0)
+    transfer_ms: float = _f("Hand-off to the next stage for one microbatch (link occupancy + latency), "
+                            "milliseconds; 0 when the next stage has the same owner", ge=0)
+    payload_bytes_per_request: float = _f("Activation bytes per request sent to the next stage; 0 when "
+                                          "the next stage has the same owner", ge=0)
+    measured_fraction: float | None = _f(
+        "Share of latency_ms taken from measured or interpolated kernel tables (the rest was clamped at a "
+        "table edge or from the fitted roofline); added in schema 1.1", default=None, ge=0, le=1)
+
+
+class TemplateOut(_Frozen):
+    """The cyclic sub-block template the stages were expanded from."""
+
+    subblock_layers: StrictInt = _f("Layers per repeated sub-block", ge=1)
+    cut_positions: list[Count] = _f("Cut operator indices inside the sub-block (sorted)")
+    cut_operators: list[str] = _f("The cuts as 'layer+<offset>.<slot>'")
+    owners: StrictInt = _f("Number of owners (K)", ge=1)
+
+
+class Metrics(_Frozen):
+    inter_node_mib_per_token: float = _f("MiB crossing the inter-node network per output token", ge=0)
+    price_weighted_occupancy: float = _f("Busy fraction weighted by spend (0..1)", ge=0, le=1)
+    per_gpu_batch: float = _f("global_batch / gpus_total, requests per GPU", ge=0)
+    critical_resource: str = _f("Resource that binds the round trip (compute/egress/ingress of owner i, "
+                                "or loop latency)")
+    stage_link: str = _f("Link stage hand-offs use: intra_node, inter_node or none (one owner)")
+
+
+# the plan file's strict twin of each request type (`true` is not 1 and "3" is not 3 in a file);
+# searched GPU ids are names, which exports write into scripts
+_STRICT = {int: StrictInt, bool: StrictBool, float: float, str: str,
+           tuple[int, ...]: list[StrictInt], tuple[str, ...]: list[Name]}
+
+
+def _space_key(row: Recorded):
+    """A `search.space` key: the strict twin of its request field's type, described and bounded
+    by its row, and optional when it came after 1.0 (older files lack it)."""
+    kind = PlanRequest.model_fields[row.field].annotation
+    if isinstance(kind, types.UnionType):  # `int | None`: a file records the value in effect
+        (kind,) = (a for a in get_args(kind) if a is not type(None))
+    kind, bounds = _STRICT[kind], row.bounds or {}
+    if not row.since:
+        return kind, _f(row.about, **bounds)
+    return kind | None, _f(f"{row.about}; added in schema 1.{row.since}", default=None, **bounds)
+
+
+# the space keys no request field sets (their rows have no field)
+_DERIVED_SPACE = {"memory_reserve_gb_by_gpu": (dict[Name, Annotated[float, Field(ge=0)]] | None, _f(
+    "Each searched GPU type's reserve, GiB, when they differ (a catalog's own figures, none given "
+    "on the command line); added in schema 1.5", default=None))}
+
+
+class _Space(_Frozen):
+    """SpaceOut's behaviour; its keys are the table's `search.space` rows (plan/request.py)."""
+
+    def reserve_gb(self, gpu: str) -> float:
+        """The reserve the search held back on `gpu`."""
+        return (self.memory_reserve_gb_by_gpu or {}).get(gpu, self.memory_reserve_gb)
+
+
+SpaceOut = create_model(
+    "SpaceOut", __base__=_Space, __module__=__name__,
+    __doc__="The search space the plan was chosen from (what `regen` and `simulate` rebuild).",
+    **{r.at.removeprefix(SPACE): _space_key(r) if r.field else _DERIVED_SPACE[r.at.removeprefix(SPACE)]
+       for r in SPACE_ROWS})
+
+
+class SearchStats(_Frozen):
+    templates: Count
+    candidates: Count
+    simulations: Count
+    pruned_by_bound: Count
+    pruned_by_frontier: Count
+    exhaustive: StrictBool
+    space: SpaceOut
+
+
+class Provenance(_Frozen):
+    """Inputs the plan depends on, so a change can be traced to its cause.
+
+    Hashes cover only what this plan's search read: the catalog entries and prices of the
+    searched GPU types, their profile files, the network description and the model file.
+    """
+
+    tool_version: str = _f("opweave-planner version that wrote the file")
+    model_sha256: str = _f("SHA-256 of the model config.json")
+    catalog_sha256: str = _f("SHA-256 of the searched GPU types' catalog entries (prices excluded)")
+    prices_sha256: str = _f("SHA-256 of the searched GPU types' prices")
+    prices_usd_per_gpu_hour: dict[str, FinitePrice] = _f("Price in effect per searched GPU type, USD per GPU-hour")
+    profiles_sha256: str = _f("SHA-256 of the searched GPU types' latency profile files")
+    network: dict[str, NetworkFigure] = _f("Network description: inter_node_gbps (GB/s), inter_node_latency_us, "
+                                   "intra_node_latency_us (microseconds)")
+    network_sha256: str = _f("SHA-256 of the network description")
+    backend: str = _f("Profile backend (e.g. vllm)")
+
+
+class OwnerDeployment(_Frozen):
+    """One owner of the plan, multiplied out to the deployment."""
+
+    index: int = _f("Owner index in the plan (owners[].index)", ge=0)
+    gpu: str = _f("GPU type id")
+    tensor_parallel: int = _f("GPUs per device group", ge=1)
+    replicas: int = _f("Device groups of this owner in the whole deployment: copies x the plan's replicas", ge=1)
+    gpus: int = _f("GPUs of this owner in the deployment: replicas x tensor_parallel", ge=1)
+    nodes: int | None = _f("Nodes this owner's groups occupy (absent when owners share nodes: stage link "
+                           "intra_node)", default=None, ge=1)
+    usd_per_hour: float = _f("Price of this owner's GPUs, USD per hour", ge=0)
+
+
+class Deployment(_Frozen):
+    """How many copies of a plan a target load needs, with GPUs, nodes and cost per hour."""
+
+    target_tokens_per_s: float | None = _f("Requested output throughput, tokens per second", default=None, gt=0)
+    target_concurrency: int | None = _f("Requested concurrent requests", default=None, ge=1)
+    tokens_per_s_per_copy: float = _f("Output tokens per second of one copy: global_batch / TPOT", gt=0)
+    concurrency_per_copy: int = _f("Concurrent requests of one copy (the plan's global_batch)", ge=1)
+    copies: int = _f("Copies of the whole plan (every owner with its replicas), rounded up", ge=1)
+    tokens_per_s: float = _f("Output throughput of the deployment: copies x tokens_per_s_per_copy", gt=0)
+    concurrency: int = _f("Concurrent requests the deployment holds: copies x global_batch", ge=1)
+    owners: list[OwnerDeployment] = _f("Per owner: replicas, GPUs, nodes and price in the deployment",
+                                       min_length=1)
+    gpus_total: int = _f("GPUs in the deployment: copies x the plan's gpus_total", ge=1)
+    gpus_by_type: dict[str, int] = _f("GPUs per GPU type")
+    nodes_total: int = _f("Nodes in the deployment", ge=1)
+    nodes_by_type: dict[str, int] = _f("Nodes per GPU type")
+    node_rule: str = _f("How nodes were counted: whole copies per node (stage link intra_node) or nodes "
+                        "per owner group")
+    usd_per_hour: float = _f("Cost of the deployment, USD per hour", ge=0)
+
+
+class Plan(_Frozen):
+    """A feasible decode-serving plan."""
+
+    schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
+    model: Name = _f("Model name (no control characters)")
+    model_source: Name | None = _f("Absolute path of the config.json the plan was made from, when it was "
+                                  "not a bundled model or Hugging Face id (what simulate and regen "
+                                  "reload); added in schema 1.2", default=None)
+    workload: Workload
+    policy: PolicyName = _f("Plan family searched: opweave, colocated, afd or cad")
+    usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)
+    tpot_ms: float = _f("Steady-state time per output token (decode round trip), milliseconds; with a "
+                        "workload distribution, its SLO percentile of step TPOT (see tpot)", gt=0)
+    tpot: TpotStats | None = _f("Step TPOT distribution under the workload; added in schema 1.3", default=None)
+    microbatches: StrictInt = _f("Microbatches in flight per replica (mu)", ge=1)
+    global_batch: StrictInt = _f("Requests decoding concurrently across the plan (B)", ge=1)
+    gpus_total: StrictInt = _f("GPUs in the plan: sum over owners of replicas x tensor_parallel", ge=1)
+    num_stages: StrictInt = _f("Stages in the decode loop", ge=1)
+    owners: list[OwnerOut] = _f("Device group types", min_length=1)
+    template: TemplateOut
+    stages: list[StageOut] = _f("The decode loop, in order; after the last stage comes stage 0", min_length=1)
+    action_order: list[list[ActionEntry]] = _f(
+        "Per owner, the static action order the simulator assumed: '<compute|send|recv> <stage> "
+        "<microbatch>', repeated every decode step")
+    metrics: Metrics
+    search: SearchStats
+    provenance: Provenance
+    deployment: Deployment | None = _f(
+        "Deployment sized for the request's target load (--target-tokens-per-s / --target-concurrency): "
+        "copies, replicas, GPUs, nodes, USD per hour; added in schema 1.2", default=None)
+    alternatives: dict[str, Alternative] | None = _f(
+        "Cheapest plan of each simpler class that has one: colocated (one stage), two_owner (at most "
+        "two device-group types, AFD/CAD-like), single_gpu_type; and optimum when --prefer-simpler "
+        "chose a simpler plan than the cheapest. Added in schema 1.2", default=None)
+
+
+class Alternative(_Frozen):
+    """The cheapest plan of a simpler class, found by the same search (exact over the grid)."""
+
+    usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)
+    tpot_ms: float = _f("Steady-state time per output token, milliseconds", gt=0)
+    cost_delta_pct: float = _f("Cost relative to this file's plan, percent (+: dearer)")
+    tpot_delta_pct: float = _f("TPOT relative to this file's plan, percent (+: slower)")
+    num_stages: StrictInt = _f("Stages in the decode loop", ge=1)
+    gpus_total: StrictInt = _f("GPUs in the alternative", ge=1)
+    plan: Plan = _f("The alternative as a complete plan (its own alternatives omitted)")
+
+
+class Infeasible(_Frozen):
+    """No plan meets the request; `reason` names the binding constraint."""
+
+    schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
+    model: Name
+    workload: Workload
+    policy: PolicyName
+    feasible: Literal[False] = _f("Always false", default=False)
+    reason: str
+
+
+Alternative.model_rebuild()
+Plan.model_rebuild()
