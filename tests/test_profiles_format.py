@@ -91,7 +91,7 @@ def test_not_json_and_missing(tmp_path):
     bad.write_text("{nope")
     with pytest.raises(UserError, match="not valid JSON"):
         read_table(bad)
-    with pytest.raises(UserError, match="missing.json' does not exist"):
+    with pytest.raises(UserError, match=r"missing\.json' does not exist"):
         read_system(tmp_path / "missing.json")
     import os
 
