@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
+import inspect
 import json
 import re
 import shlex
@@ -410,13 +412,71 @@ def test_hf_repos_match_models_sources():
 
 
 def test_targets_and_pins_are_the_documented_ones():
-    pins = {t: tuple(m.VERSIONS) for t, m in TARGETS.items()}
+    pins = {name: t.versions for name, t in TARGETS.items()}
     assert pins == {"vllm": ("0.10.2", "0.33.0"), "sglang": ("0.5.23",), "dynamo": ("0.6.0",),
                     "llm-d": ("0.4.12",), "vllm-afd": ("0.26.0",)}
     doc = (ROOT / "docs" / "export.md").read_text()
     for target, versions in pins.items():
         for v in versions:
             assert f"`{target}` {v}" in doc, (target, v)
+
+
+def test_every_target_module_is_registered_and_its_declaration_is_checked():
+    import importlib
+    import pkgutil
+
+    from opweave_planner import export
+    from opweave_planner.export.base import Target
+
+    declared = {}
+    for info in pkgutil.iter_modules(export.__path__):
+        mod = importlib.import_module(f"opweave_planner.export.{info.name}")
+        if isinstance(getattr(mod, "TARGET", None), Target):
+            declared[mod.TARGET.name] = mod.TARGET
+    assert declared == dict(TARGETS)
+    assert list(TARGETS) == ["vllm", "sglang", "dynamo", "llm-d", "vllm-afd"]  # the order help lists
+    good = TARGETS["vllm"]
+    for bad in ({"name": "vLLM"}, {"versions": ()}, {"versions": ("latest",)}, {"default_version": "9.9"},
+                {"summary": ""}, {"summary": "two\nlines"}, {"summary": "rich [markup]"}):
+        with pytest.raises(ValueError):
+            dataclasses.replace(good, **bad)
+
+
+def test_help_and_docs_list_the_registry():
+    from opweave_planner.cli import export as export_cli
+    from opweave_planner.export import registry
+
+    doc = (ROOT / "docs" / "export.md").read_text()
+    assert registry.docs_table() in doc, f"docs/export.md's table of targets should read:\n{registry.docs_table()}"
+    params = inspect.signature(export_cli.export_cmd).parameters
+    assert params["to"].default.help == registry.to_help()
+    assert params["runtime_version"].default.help == registry.version_help()
+    for name, t in TARGETS.items():
+        assert f"{name}: {t.summary}" in registry.to_help()
+        assert all(v in registry.version_help() for v in t.versions)
+
+
+def test_a_new_target_is_one_declaration(tmp_path, monkeypatch):
+    """What build needs of a target is its declaration: a made-up one exports and refuses by it."""
+    import opweave_planner.export as export
+    from opweave_planner.export.base import Target
+    from opweave_planner.export.common import is_colocated, refuse
+    from opweave_planner.export.shell import header, script
+
+    def check(ctx):
+        if not is_colocated(ctx.plan):
+            raise refuse(ctx, "that shape")
+
+    toy = Target(name="toy", summary="a toy", versions=("1.0", "1.1"), default_version="1.1",
+                 fits=lambda plan, name: name == "colocated", check=check, hint="try --to vllm",
+                 render=lambda ctx: {"toy.sh": script(header(ctx, "toy"))})
+    monkeypatch.setattr(export, "TARGETS", {**TARGETS, "toy": toy})
+    ctx, files = build(str(GOLDEN / "llama-3.1-8b_colocated_h100.json"), "toy")
+    assert sorted(files) == ["export.json", "toy.sh"] and ctx.version == "1.1"
+    assert b"--to toy (runtime 1.1)" in files["toy.sh"]
+    assert json.loads(files["export.json"])["target"] == "toy"
+    with pytest.raises(InfeasibleError, match=r"^toy cannot run that shape; try --to vllm$"):
+        build(str(MANY_STAGES), "toy")
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -1,20 +1,22 @@
-"""`opweave-plan export PLAN --to vllm|sglang|dynamo|llm-d|vllm-afd --out DIR`: launch files.
+"""`opweave-plan export PLAN --to TARGET --out DIR`: launch files for a serving runtime.
 
-Command function only; `cli/main.py` registers it. Module import pulls in typer only (the
-exporters load inside the command body).
+Command function only; `cli/main.py` registers it. The targets, their pins and the help that
+lists them come from `export.registry` (light: the exporters load their inputs inside the
+command body).
 """
 
 from __future__ import annotations
 
 import typer
 
+from opweave_planner.export.registry import to_help, version_help
+
 
 def export_cmd(
     plan: str = typer.Argument(..., help="Plan file (JSON) written by opweave-plan"),
-    to: str = typer.Option(..., "--to", help="vllm | sglang | dynamo | llm-d | vllm-afd"),
+    to: str = typer.Option(..., "--to", help=to_help()),
     out: str = typer.Option(..., "--out", "-o", help="Folder to write the launch files into"),
-    runtime_version: str = typer.Option(None, "--runtime-version",
-                                        help="Runtime release the files are for (default: the newest pinned)"),
+    runtime_version: str = typer.Option(None, "--runtime-version", help=version_help()),
     alternative: str = typer.Option(None, "--alternative",
                                     help="Export the plan file's alternative of this class instead "
                                          "(colocated, two_owner, single_gpu_type, optimum)"),

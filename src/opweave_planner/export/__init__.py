@@ -1,10 +1,11 @@
 """`opweave-plan export`: launch files for a real serving runtime, from a plan file.
 
-`export_plan(...)` validates the inputs (exit 2 on a bad one), asks the target whether it can run
-the plan's shape (exit 3 with the reason and a runnable alternative), renders every file in
-memory from pinned per-version flag tables, and only then writes the folder, all or nothing: a
-new folder is staged beside its final name and renamed into place; in an existing one every file
-is staged first and then swapped in, the previous files kept until every swap has succeeded.
+`export_plan(...)` validates the inputs (exit 2 on a bad one), asks the target (a `base.Target`
+of `registry.TARGETS`) whether it can run the plan's shape (exit 3 with the reason and a runnable
+alternative), renders every file in memory from pinned per-version flag tables, and only then
+writes the folder, all or nothing: a new folder is staged beside its final name and renamed into
+place; in an existing one every file is staged first and then swapped in, the previous files kept
+until every swap has succeeded.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from typing import Any
 
 from opweave_planner.atomic import fsync_folder, printable, read_input, write_fd
 from opweave_planner.errors import UserError
-from opweave_planner.export import dynamo, llmd, sglang, vllm, vllm_afd
+from opweave_planner.export.base import Context, Target
 from opweave_planner.export.common import (
-    Context,
     alternative_plan,
     alternatives,
     check_model_id,
@@ -34,8 +34,8 @@ from opweave_planner.export.common import (
     shown,
 )
 from opweave_planner.export.documents import json_bytes
+from opweave_planner.export.registry import TARGETS
 
-TARGETS = {"vllm": vllm, "sglang": sglang, "dynamo": dynamo, "llm-d": llmd, "vllm-afd": vllm_afd}
 MANIFEST = "export.json"
 MAX_MANIFEST = 1 << 20  # bytes of a previous export.json read (ours are a few KiB)
 MAX_OWN_FILE = 16 << 20  # bytes of a previous file hashed before it is removed (ours are KiB)
@@ -55,14 +55,13 @@ class Exported:
     kept: tuple[str, ...] = ()  # files the previous export listed that were changed since: not removed
 
 
-def resolve_version(target: str, version: str | None) -> str:
-    mod = TARGETS[target]
+def resolve_version(target: Target, version: str | None) -> str:
     if version is None:
-        return mod.DEFAULT_VERSION
+        return target.default_version
     v = version.strip().removeprefix("v")
-    if v not in mod.VERSIONS:
-        raise UserError(f"--runtime-version: {target} {version} is not supported; pinned: "
-                        f"{', '.join(mod.VERSIONS)}")
+    if v not in target.versions:
+        raise UserError(f"--runtime-version: {target.name} {version} is not supported; pinned: "
+                        f"{', '.join(target.versions)}")
     return v
 
 
@@ -145,7 +144,8 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
 
     if target not in TARGETS:
         raise UserError(f"--to: unknown target '{target}'; expected one of {', '.join(TARGETS)}")
-    version = resolve_version(target, runtime_version)
+    runtime = TARGETS[target]
+    version = resolve_version(runtime, runtime_version)
     labels = _labels(node_labels)
     check_text(image, "--image", "a container image")
     if model_id is not None:
@@ -168,7 +168,7 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
     try:
         spec = load_model(model or plan.model)
     except UserError:
-        if model is not None or target == "vllm-afd":
+        if model is not None or runtime.needs_model:
             raise
         spec = None
     if (model is not None and spec is not None and spec.name != plan.model
@@ -179,12 +179,13 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
         raise UserError(f"--model-id: model '{shown(plan.model)}' is not bundled; pass the Hugging Face repo "
                         f"or weights path to serve")
     check_model_id(mid, "--model-id" if model_id is not None else f"--model-id (the default for {plan.model})")
-    ctx = Context(plan=plan, raw=raw, path=plan_path, target=target, version=version, model_id=mid,
+    ctx = Context(plan=plan, raw=raw, path=plan_path, target=runtime, version=version, model_id=mid,
                   spec=spec, hw=load_hardware(catalog), labels=labels, image=image, alternative=alt,
                   base_cost=base_cost)
     for o in plan.owners:
         ctx.gpu(o.gpu)  # a GPU type the catalog lacks is a bad input, named here
-    files = TARGETS[target].render(ctx)
+    runtime.check(ctx)
+    files = runtime.render(ctx)
     files[MANIFEST] = _manifest(ctx, files, plan_data)
     return ctx, files
 
@@ -192,7 +193,7 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
 def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes:
     p = ctx.plan
     return json_bytes({
-        "target": ctx.target,
+        "target": ctx.target.name,
         "runtime_version": ctx.version,
         "model_id": ctx.model_id,
         "alternative": ctx.alternative,

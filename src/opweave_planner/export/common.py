@@ -1,4 +1,4 @@
-"""What every exporter reads: the loaded plan, placement, names where they enter, alternatives, refusals.
+"""What exporters share beyond `base`: names where they enter, the plan's alternatives, refusals.
 
 An exporter turns a plan into files for one runtime. It first decides whether that runtime can
 run the plan's shape at all (`Refusal`, exit 3, one line naming why and what could run), then
@@ -8,14 +8,12 @@ gives the same files. Scripts are written through `shell`, manifests through `do
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 from opweave_planner.atomic import printable
-from opweave_planner.errors import InfeasibleError, UserError
+from opweave_planner.errors import UserError
+from opweave_planner.export.base import Context, Refusal
 from opweave_planner.export.shell import clean
 
 # Hugging Face repositories of the bundled models (models/SOURCES.md; a test keeps them equal).
@@ -46,16 +44,6 @@ def hf_repo(model: str) -> str | None:
     return HF_REPOS.get(model)
 
 
-# Kubernetes node label set by NVIDIA GPU feature discovery, and its value per catalog GPU id.
-GPU_LABEL_KEY = "nvidia.com/gpu.product"
-GPU_PRODUCTS = {
-    "h100": "NVIDIA-H100-80GB-HBM3",
-    "a100": "NVIDIA-A100-SXM4-80GB",
-    "l40s": "NVIDIA-L40S",
-    "h200": "NVIDIA-H200",
-    "h20": "NVIDIA-H20",
-    "b200": "NVIDIA-B200",
-}
 
 BASE_PORT = 8000  # the router (or the only replica) listens here; replica r of several on 8001 + r
 
@@ -64,104 +52,6 @@ ALTERNATIVE_NAMES = ("colocated", "two_owner", "single_gpu_type", "optimum")
 _ALIASES = {"colocated": "colocated", "twoowner": "two_owner", "twostage": "two_owner", "max2stages": "two_owner",
             "le2stages": "two_owner", "2stage": "two_owner", "afd": "two_owner", "singlegputype": "single_gpu_type",
             "homogeneous": "single_gpu_type", "optimum": "optimum"}
-
-
-class Refusal(InfeasibleError):
-    """The target runtime cannot run this plan's shape (exit 3)."""
-
-
-@dataclass(frozen=True)
-class Replica:
-    """One device group of an owner, placed on a node of its GPU type."""
-
-    owner: int
-    index: int
-    node: int  # node number, counted across all owners (see Context._placement)
-    devices: tuple[int, ...]  # CUDA device indices on that node
-
-    @property
-    def cuda_visible_devices(self) -> str:
-        return ",".join(str(d) for d in self.devices)
-
-
-@dataclass
-class Context:
-    """Everything an exporter may read: the plan, its raw JSON and the resolved options."""
-
-    plan: Any  # opweave_planner.plan.Plan
-    raw: dict[str, Any]
-    path: str
-    target: str
-    version: str
-    model_id: str
-    spec: Any  # ModelSpec or None when the plan's model cannot be loaded
-    hw: Any  # Hardware (the shipped catalog plus --catalog)
-    labels: dict[str, str] = field(default_factory=dict)  # GPU id -> node label value
-    image: str | None = None
-    alternative: str | None = None  # the alternative being exported, if any
-    base_cost: float | None = None  # cost of the file's main plan (for deltas)
-
-    def gpu(self, gid: str):
-        return self.hw.resolve(gid, f"{self.path}: owners[].gpu")
-
-    def placement(self, owner) -> list[Replica]:
-        return self._placement[owner.index]
-
-    @cached_property
-    def _placement(self) -> dict[int, list[Replica]]:
-        """Every owner's groups on numbered nodes, TP groups never split across nodes.
-
-        When the plan's stages hand off inside one node (one GPU type, every GPU in one node, as
-        the planner's link model assumed) all owners share node 0, owners' devices in order;
-        otherwise each owner's groups fill their own nodes first fit, nodes numbered across owners.
-        """
-        plan = self.plan
-        gpn = {o.index: self.gpu(o.gpu).gpus_per_node for o in plan.owners}
-        shared = (len({o.gpu for o in plan.owners}) == 1 and plan.gpus_total <= gpn[0])
-        out: dict[int, list[Replica]] = {}
-        first_node = offset = 0
-        for o in plan.owners:
-            tp = o.tensor_parallel
-            per_node = max(1, gpn[o.index] // tp)
-            reps = []
-            for r in range(o.replicas):
-                if shared:
-                    reps.append(Replica(o.index, r, 0, tuple(range(offset, offset + tp))))
-                    offset += tp
-                else:
-                    local = (r % per_node) * tp
-                    reps.append(Replica(o.index, r, first_node + r // per_node, tuple(range(local, local + tp))))
-            out[o.index] = reps
-            if not shared:
-                first_node += math.ceil(o.replicas / per_node)
-        return out
-
-    def memory_fraction(self, owner) -> float:
-        """Share of GPU memory the runtime may take: what the planner treated as usable.
-
-        The planner keeps `memory_reserve_gb` GiB per GPU for the framework (per GPU type when the
-        plan records `memory_reserve_gb_by_gpu`, schema 1.5); the runtime's own
-        budget (weights + KV + activations) is the rest, rounded down to 0.01 and capped at 0.95.
-        """
-        cap = self.gpu(owner.gpu).memory_bytes
-        reserve = self.plan.search.space.reserve_gb(owner.gpu) * 2**30  # what the search held back there
-        return min(0.95, math.floor((cap - reserve) / cap * 100) / 100)
-
-    def node_label(self, gid: str) -> str:
-        if gid in self.labels:
-            return self.labels[gid]
-        if gid in GPU_PRODUCTS:
-            return GPU_PRODUCTS[gid]
-        raise UserError(f"--node-label: no {GPU_LABEL_KEY} value known for GPU type '{gid}'; "
-                        f"pass --node-label {gid}=VALUE")
-
-    @property
-    def slug(self) -> str:
-        """A DNS-1035 label for the deployment (model and GPU count): Services are named after it."""
-        name = re.sub(r"[^a-z0-9-]+", "-", f"{self.plan.model}-{self.plan.gpus_total}gpu".lower()).strip("-")
-        if not name[:1].isalpha():
-            name = f"m-{name}"
-        return name[:52].rstrip("-")
 
 
 # ----------------------------------------------------------------------------- names where they enter
@@ -304,25 +194,17 @@ def cost_delta(entry: dict[str, Any], base_cost: float | None) -> str:
     return "cost unknown"
 
 
-def refuse(ctx: Context, why: str, fits) -> Refusal:
-    """A one-line refusal naming why and which alternative (if the file has one) this target can run.
-
-    `fits(plan_dict_or_None, name)` says whether the target could run that alternative.
-    """
+def refuse(ctx: Context, why: str) -> Refusal:
+    """A one-line refusal naming why and which alternative (if the file has one) the target can run
+    (its `fits`), else the target's own hint."""
     found = alternatives(ctx.raw)
     for name in ALTERNATIVE_NAMES:
         entry = found.get(name)
         if entry is None or name == ctx.alternative:
             continue
-        if fits(alternative_plan(entry, ctx.raw), name):
+        if ctx.target.fits(alternative_plan(entry, ctx.raw), name):
             delta = cost_delta(entry, ctx.base_cost if ctx.base_cost is not None
                                else ctx.plan.usd_per_million_tokens)
-            return Refusal(f"{ctx.target} cannot run {why}; the {name.replace('_', '-')} alternative "
+            return Refusal(f"{ctx.target.name} cannot run {why}; the {name.replace('_', '-')} alternative "
                            f"({delta}) can: use --alternative {name}")
-    return Refusal(f"{ctx.target} cannot run {why}; {hint_for(ctx.target)}")
-
-
-def hint_for(target: str) -> str:
-    if target == "vllm-afd":
-        return "re-plan a DeepSeek-V2/V3 model with --policy afd"
-    return "re-plan with --policy colocated"
+    return Refusal(f"{ctx.target.name} cannot run {why}; {ctx.target.hint}")

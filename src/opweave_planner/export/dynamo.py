@@ -10,22 +10,16 @@ vLLM release Dynamo 0.6.0 pins (0.10.2).
 from __future__ import annotations
 
 from opweave_planner.export import vllm as _vllm
-from opweave_planner.export.common import GPU_LABEL_KEY, Context
+from opweave_planner.export.base import GPU_LABEL_KEY, Context, Target
 from opweave_planner.export.documents import to_yaml
 
-VERSIONS = ("0.6.0",)
-DEFAULT_VERSION = "0.6.0"
 VLLM_OF = {"0.6.0": "0.10.2"}  # ai-dynamo/dynamo pyproject.toml extra `vllm` at 0.6.0
 IMAGE = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:{version}"
 WORKER = "VllmDecodeWorker"
 
-fits = _vllm.fits
-check = _vllm.check
-
 
 def manifest(ctx: Context) -> dict:
     """The DynamoGraphDeployment as a plain dict (what the YAML file holds, key for key)."""
-    check(ctx)
     owner = ctx.plan.owners[0]
     image = ctx.image or IMAGE.format(version=ctx.version)
     flags = _vllm.FLAGS[VLLM_OF[ctx.version]]
@@ -72,3 +66,7 @@ def render(ctx: Context) -> dict[str, bytes]:
     bench = _vllm.benchmark(ctx, backend="openai", what=f"the Dynamo frontend (kubectl port-forward "
                                                         f"svc/{name}-frontend 8000:8000)")
     return {"dynamographdeployment.yaml": to_yaml(doc), "benchmark.sh": bench}
+
+
+TARGET = Target(name="dynamo", summary="Dynamo DynamoGraphDeployment (Kubernetes)", versions=tuple(VLLM_OF),
+                default_version="0.6.0", fits=_vllm.fits, check=_vllm.check, render=render)

@@ -12,25 +12,25 @@ import math
 
 from opweave_planner.errors import UserError
 from opweave_planner.export import vllm as _vllm
-from opweave_planner.export.common import BASE_PORT, GPU_LABEL_KEY, Context
+from opweave_planner.export.base import GPU_LABEL_KEY, Context, Target
+from opweave_planner.export.common import BASE_PORT
 from opweave_planner.export.documents import to_yaml
 
-VERSIONS = ("0.4.12",)
-DEFAULT_VERSION = "0.4.12"
 VLLM_OF = {"0.4.12": "0.33.0"}  # flags written; the image's vLLM must accept them
 IMAGE = "ghcr.io/llm-d/llm-d-cuda:v0.4.0"  # the chart's appVersion
 
-fits = _vllm.fits
-check = _vllm.check
+
+def check(ctx: Context) -> None:
+    """vLLM's shapes, and a Hub repo id: the chart downloads the model from the Hub (hf://)."""
+    _vllm.check(ctx)
+    if ctx.model_id.startswith(("/", "./", "../")):
+        raise UserError(f"--model-id: llm-d's modelArtifacts.uri is written as hf://<repo id>, so "
+                        f"'{ctx.model_id}' (a path) cannot be served from it; pass the Hugging Face "
+                        f"repo id, or export --to vllm for local weights")
 
 
 def values(ctx: Context) -> dict:
     """The Helm values as a plain dict (what values.yaml holds, key for key)."""
-    check(ctx)
-    if ctx.model_id.startswith(("/", "./", "../")):  # the chart downloads from the Hub (hf://)
-        raise UserError(f"--model-id: llm-d's modelArtifacts.uri is written as hf://<repo id>, so "
-                        f"'{ctx.model_id}' (a path) cannot be served from it; pass the Hugging Face "
-                        f"repo id, or export --to vllm for local weights")
     owner = ctx.plan.owners[0]
     flags = _vllm.FLAGS[VLLM_OF[ctx.version]]
     args = _vllm.engine_args(ctx, owner, flags)[2:]  # the chart sets --tensor-parallel-size itself
@@ -73,3 +73,7 @@ def render(ctx: Context) -> dict[str, bytes]:
     bench = _vllm.benchmark(ctx, backend="openai", what="the llm-d decode pods (through your gateway, "
                                                         "or kubectl port-forward to one pod for a single replica)")
     return {"values.yaml": to_yaml(doc), "benchmark.sh": bench}
+
+
+TARGET = Target(name="llm-d", summary="llm-d-modelservice Helm values (Kubernetes)", versions=tuple(VLLM_OF),
+                default_version="0.4.12", fits=_vllm.fits, check=check, render=render)

@@ -8,8 +8,9 @@ a field `tp_size` is the flag `--tp-size`, see `arg_utils.py`), the router's fro
 from __future__ import annotations
 
 from opweave_planner.export import vllm as _vllm
+from opweave_planner.export.base import Context, Target
 from opweave_planner.export.bench import BENCH_VARS, bench_env, compare_tpot_snippet
-from opweave_planner.export.common import BASE_PORT, Context
+from opweave_planner.export.common import BASE_PORT
 from opweave_planner.export.shell import Word, header, script, shell_command
 
 FLAGS = {"0.5.23": {
@@ -17,18 +18,12 @@ FLAGS = {"0.5.23": {
     "len": "--context-length", "kv": "--kv-cache-dtype", "mem": "--mem-fraction-static",
     "host": "--host", "port": "--port",
 }}
-VERSIONS = tuple(FLAGS)
-DEFAULT_VERSION = "0.5.23"
 # SGLang's static pool (weights + KV) excludes activations and CUDA graphs, which need headroom
 # beyond the planner's workspace estimate; its own defaults stay at or below this share.
 MAX_STATIC_FRACTION = 0.90
 
-fits = _vllm.fits
-check = _vllm.check
-
 
 def render(ctx: Context) -> dict[str, bytes]:
-    check(ctx)
     flags = FLAGS[ctx.version]
     owner = ctx.plan.owners[0]
     files: dict[str, bytes] = {}
@@ -75,3 +70,7 @@ def benchmark(ctx: Context) -> bytes:
     lines.append(shell_command(argv))
     lines += compare_tpot_snippet(ctx.plan, "median_tpot_ms", "p95_tpot_ms", result)
     return script(lines)
+
+
+TARGET = Target(name="sglang", summary="sglang.launch_server per replica, sglang-router", versions=tuple(FLAGS),
+                default_version="0.5.23", fits=_vllm.fits, check=_vllm.check, render=render)

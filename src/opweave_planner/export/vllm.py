@@ -8,8 +8,9 @@ docs/export.md names the files.
 
 from __future__ import annotations
 
+from opweave_planner.export.base import Context, Target
 from opweave_planner.export.bench import BENCH_VARS, bench_env, compare_tpot_snippet
-from opweave_planner.export.common import BASE_PORT, Context, is_colocated, refuse, shape_words
+from opweave_planner.export.common import BASE_PORT, is_colocated, refuse, shape_words
 from opweave_planner.export.shell import Var, Word, assign, header, integer, script, shell_command
 
 # Same flag names in both pinned releases; kept per version so a rename is a one-line change.
@@ -19,8 +20,6 @@ _SERVE = {
     "ep": "--enable-expert-parallel", "host": "--host", "port": "--port",
 }
 FLAGS = {"0.10.2": _SERVE, "0.33.0": _SERVE}
-VERSIONS = tuple(FLAGS)
-DEFAULT_VERSION = "0.33.0"
 ROUTER = "vllm-router"  # vllm-project/router, PyPI vllm-router 0.1.17 (vllm_router/router_args.py)
 
 
@@ -31,9 +30,10 @@ def fits(plan_dict, name: str) -> bool:
     return name == "colocated"
 
 
-def check(ctx: Context, target_fits=fits) -> None:
+def check(ctx: Context) -> None:
+    """Refuse any plan but a colocated one (the check of every target that serves it as vLLM does)."""
     if not is_colocated(ctx.plan):
-        raise refuse(ctx, shape_words(ctx.plan), target_fits)
+        raise refuse(ctx, shape_words(ctx.plan))
 
 
 def engine_args(ctx: Context, owner, flags: dict[str, str]) -> list[str]:
@@ -68,7 +68,6 @@ def cuda_devices(devices: str) -> str:
 
 
 def render(ctx: Context) -> dict[str, bytes]:
-    check(ctx)
     flags = FLAGS[ctx.version]
     owner = ctx.plan.owners[0]
     files: dict[str, bytes] = {}
@@ -126,3 +125,7 @@ def benchmark(ctx: Context, backend: str, what: str = "the deployment") -> bytes
     lines.append(shell_command(argv))
     lines += compare_tpot_snippet(ctx.plan, "p50_tpot_ms", "p95_tpot_ms", Word(v["RESULT_DIR"], "/tpot.json"))
     return script(lines)
+
+
+TARGET = Target(name="vllm", summary="vllm serve per replica, vllm-router", versions=tuple(FLAGS),
+                default_version="0.33.0", fits=fits, check=check, render=render)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 
+from opweave_planner.errors import InternalError, UserError
 from opweave_planner.export import vllm as _vllm
-from opweave_planner.export.common import BASE_PORT, Context, Refusal, refuse
+from opweave_planner.export.base import Context, Refusal, Target
+from opweave_planner.export.common import BASE_PORT, refuse
 from opweave_planner.export.shell import (
     Var,
     Word,
@@ -24,25 +26,25 @@ from opweave_planner.export.shell import (
     script,
     shell_command,
 )
-from opweave_planner.structure.operators import Side, operator_side
 
-VERSIONS = ("0.26.0",)  # the vLLM release afd-plugin (commit 2e4378f) supports
-DEFAULT_VERSION = "0.26.0"
 PLUGIN_COMMIT = "2e4378f2d478313992e9a1b850c61b1e888a1145"
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 CONNECTOR = "P2pNcclAFDConnector"
 AFD_PORT = 6239
 DP_RPC_PORT = 13345
-# vLLM 0.26.0 `vllm/engine/arg_utils.py` (the engine flags are the same names as in _vllm.FLAGS)
-_MP = {"0.26.0": {
+# vLLM 0.26.0 `vllm/engine/arg_utils.py` (the engine flags are the same names as in _vllm.FLAGS);
+# 0.26.0 is the vLLM release afd-plugin (commit 2e4378f) supports
+FLAGS = {"0.26.0": {
     **_vllm.FLAGS["0.33.0"], "dbo": "--enable-dbo", "extra": "--additional-config",
     "dp_local": "--data-parallel-size-local", "dp_addr": "--data-parallel-address",
     "dp_rpc": "--data-parallel-rpc-port", "dp_start": "--data-parallel-start-rank", "headless": "--headless",
 }}
-FLAGS = _MP
+
 
 def roles(plan) -> tuple[int, int] | None:
     """(attention owner, FFN owner) when the plan is an attention | FFN split, else None."""
+    from opweave_planner.structure.operators import Side, operator_side  # networkx: not for --help
+
     if len(plan.owners) != 2:
         return None
     side: dict[int, set[Side]] = {0: set(), 1: set()}
@@ -60,7 +62,6 @@ def roles(plan) -> tuple[int, int] | None:
 
 def _dict_fits(plan_dict) -> bool:
     from opweave_planner.contract import parse_plan
-    from opweave_planner.errors import UserError
 
     try:
         return roles(parse_plan(plan_dict, "alternative")) is not None
@@ -72,7 +73,8 @@ def fits(plan_dict, name: str) -> bool:
     return plan_dict is not None and _dict_fits(plan_dict)
 
 
-def check(ctx: Context) -> tuple[int, int]:
+def check(ctx: Context) -> None:
+    """A DeepSeek-V2/V3 attention | FFN pair whose rank ratio the connector takes, at most μ = 2."""
     plan = ctx.plan
     mt = getattr(ctx.spec, "model_type", None)
     if mt not in MODEL_TYPES:
@@ -83,7 +85,7 @@ def check(ctx: Context) -> tuple[int, int]:
         words = ("a colocated plan" if plan.num_stages == 1 else
                  f"a {plan.num_stages}-stage plan over {len(plan.owners)} owners that is not an "
                  "attention | FFN split")
-        raise refuse(ctx, words, fits)
+        raise refuse(ctx, words)
     a, f = (plan.owners[i] for i in pair)
     ra, rf = a.replicas * a.tensor_parallel, f.replicas * f.tensor_parallel
     if ra < rf or ra % rf:
@@ -94,7 +96,6 @@ def check(ctx: Context) -> tuple[int, int]:
     if plan.microbatches > 2:
         raise Refusal(f"vllm-afd overlaps at most two microbatches (--enable-dbo); the plan interleaves "
                       f"{plan.microbatches}")
-    return pair
 
 
 _HOST_SLOT = "\x00host\x00"  # where ${AFD_HOST} goes in the JSON (a NUL is in no other value)
@@ -147,7 +148,10 @@ def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: 
 
 
 def render(ctx: Context) -> dict[str, bytes]:
-    ia, iff = check(ctx)
+    pair = roles(ctx.plan)
+    if pair is None:
+        raise InternalError("vllm-afd: render before check")
+    ia, iff = pair
     a, f = ctx.plan.owners[ia], ctx.plan.owners[iff]
     ranks = (a.replicas * a.tensor_parallel, f.replicas * f.tensor_parallel)
     files = {}
@@ -155,3 +159,8 @@ def render(ctx: Context) -> dict[str, bytes]:
     files.update(_role_scripts(ctx, "ffn", f, ranks, BASE_PORT + 1))
     files["benchmark.sh"] = _vllm.benchmark(ctx, backend="vllm", what="the attention API server")
     return files
+
+
+TARGET = Target(name="vllm-afd", summary="vLLM AFD plugin attention and FFN roles (DeepSeek-V2/V3)",
+                versions=tuple(FLAGS), default_version="0.26.0", fits=fits, check=check, render=render,
+                hint="re-plan a DeepSeek-V2/V3 model with --policy afd", needs_model=True)

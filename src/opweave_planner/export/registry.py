@@ -1,0 +1,43 @@
+"""Every export target, in the order help, errors and docs list them.
+
+Adding a target is its module (declaring `TARGET = Target(...)`) and its entry here; `--to`,
+`--runtime-version`, the unknown-target error and the docs' table of targets are read from this
+list. Light to import (the runtime modules load their heavy inputs inside functions), so the
+CLI builds its help from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from opweave_planner.export import dynamo, llmd, sglang, vllm, vllm_afd
+from opweave_planner.export.base import Target
+
+TARGETS: Mapping[str, Target] = MappingProxyType({t.name: t for t in (
+    vllm.TARGET, sglang.TARGET, dynamo.TARGET, llmd.TARGET, vllm_afd.TARGET,
+)})
+
+
+def _pins(t: Target) -> str:
+    """'0.10.2, 0.33.0 (default)'; a lone pin is its own default."""
+    if len(t.versions) == 1:
+        return t.versions[0]
+    return ", ".join(f"{v} (default)" if v == t.default_version else v for v in t.versions)
+
+
+def to_help() -> str:
+    """`--to`'s help: each target with what it writes."""
+    return "; ".join(f"{t.name}: {t.summary}" for t in TARGETS.values())
+
+
+def version_help() -> str:
+    """`--runtime-version`'s help: the pinned releases of each target."""
+    return "Runtime release the files are for; pinned: " + "; ".join(
+        f"{t.name} {_pins(t)}" for t in TARGETS.values())
+
+
+def docs_table() -> str:
+    """The table of targets docs/export.md carries (a test keeps the two equal)."""
+    rows = [f"| `{t.name}` | {t.summary} | {_pins(t)} |" for t in TARGETS.values()]
+    return "\n".join(["| `--to` | writes | pinned `--runtime-version` |", "|---|---|---|", *rows])
