@@ -135,11 +135,14 @@ def check_recorded_request(doc: Plan | Infeasible, where: str) -> None:
                         else f"{where}: inconsistent plan: {text}") from None
 
 
+MAX_PLAN_BYTES = 64 << 20  # the largest emitted plan (every alternative embedded) is well under 1 MiB
+
+
 def read_plan(path: str | Path) -> Plan | Infeasible:
     from opweave_planner.atomic import read_input
 
     try:
-        data = read_input(path)
+        data = read_input(path, limit=MAX_PLAN_BYTES)
     except UserError as exc:
         raise UserError(f"plan file {exc}") from None
     try:
