@@ -178,15 +178,8 @@ def package_sources() -> dict[str, str]:
     return {name(p): p.read_text() for p in PKG.rglob("*.py")}
 
 
-# units whose own modules still import each other round a circle, while their split is under way:
-# export/ (issue 26 item 8: common <-> shell through a TYPE_CHECKING import). A circle across
-# units fails regardless.
-CIRCLES_BEING_CUT = {"export"}
-
-
 def test_no_import_circle():
-    found = circles(import_graph(package_sources()))
-    assert [c for c in found if {unit_of(m) for m in c} - CIRCLES_BEING_CUT] == []
+    assert circles(import_graph(package_sources())) == []
 
 
 def test_the_circle_check_on_made_up_sources():
