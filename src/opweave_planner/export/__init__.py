@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opweave_planner.atomic import fsync_folder, printable, read_input, write_fd
-from opweave_planner.errors import UserError
+from opweave_planner.atomic import fsync_folder, read_input, write_fd
+from opweave_planner.errors import UserError, printable
 from opweave_planner.export.base import Context, Target
 from opweave_planner.export.common import (
     alternative_plan,

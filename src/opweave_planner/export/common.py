@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from opweave_planner.atomic import printable
-from opweave_planner.errors import UserError
+from opweave_planner.errors import UserError, printable
 from opweave_planner.export.base import Context, Refusal
 from opweave_planner.export.shell import clean
 

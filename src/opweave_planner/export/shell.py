@@ -14,8 +14,7 @@ import re
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from opweave_planner.atomic import printable
-from opweave_planner.errors import InternalError
+from opweave_planner.errors import InternalError, printable
 
 if TYPE_CHECKING:
     from opweave_planner.export.base import Context
