@@ -5,9 +5,9 @@ Usage:  python benchmarks/bench_trace_reader.py [--rows 1000000,10000000] [--see
 Writes seeded traces into a temporary folder: an Azure-style CSV (timestamp, ContextTokens,
 GeneratedTokens) and a Mooncake-style JSONL (timestamp, input_length, output_length and a
 hash_ids list of four block ids), 10^6 and 10^7 rows each. Each is read by
-`inputs.workload.read_trace` in a child process of its own, after an untimed read of a small
-trace (imports, numba cache load), so its peak RSS is the reader's and that process's alone;
-the `base` column is a child that stops before the timed read. Rows/s counts the whole read:
+`inputs.workload.read_trace` in a child process of its own, after untimed reads of the two
+small example traces (imports, both kernels loaded from numba's cache), so its peak RSS is
+that process's alone; `over base` is the peak less the child's RSS before the timed read. Rows/s counts the whole read:
 the file's bytes, their sha256, parsing and validation, the int64 arrays.
 """
 
@@ -22,20 +22,30 @@ from pathlib import Path
 
 import numpy as np
 
-SMALL = Path(__file__).resolve().parent.parent / "examples" / "traces" / "azure-conv-sample.csv"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "traces"
+SMALL = (EXAMPLES / "azure-conv-sample.csv", EXAMPLES / "mooncake-conversation-sample.jsonl")
 CHUNK = 500_000  # rows written at a time
 
+# peak RSS from VmHWM: ru_maxrss of a child starts at its parent's RSS at fork on Linux
 CHILD = """
 import json, resource, sys, time
 from opweave_planner.inputs.workload import read_trace
-read_trace(sys.argv[1])
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-if sys.argv[2] != "-":
+
+def peak_kib():
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+read_trace(sys.argv[1]), read_trace(sys.argv[2])
+base = peak_kib()
+if sys.argv[3] != "-":
     t = time.perf_counter()
-    tr = read_trace(sys.argv[2])
+    tr = read_trace(sys.argv[3])
     dt = time.perf_counter() - t
     print(json.dumps({"rows": tr.rows, "s": dt, "sum": int(tr.prompt.sum() + tr.output.sum())}))
-print(json.dumps({"base_kib": base, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+print(json.dumps({"base_kib": base, "peak_kib": peak_kib()}))
 """
 
 
@@ -65,7 +75,7 @@ def write_jsonl(path: Path, prompt: np.ndarray, output: np.ndarray) -> None:
 
 def child(path: Path | str) -> dict:
     """Run CHILD on `path` ('-': no timed read); its JSON lines merged."""
-    out = subprocess.run([sys.executable, "-c", CHILD, str(SMALL), str(path)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", CHILD, *map(str, SMALL), str(path)], capture_output=True,
                          text=True, check=True)
     merged: dict = {}
     for line in out.stdout.splitlines():
@@ -81,7 +91,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     sizes = [int(s) for s in a.rows.split(",")]
     base = child("-")
-    print(f"child process after imports and a small read: peak RSS {base['peak_kib'] / 1024:.0f} MiB")
+    print(f"child process after imports and the small reads: peak RSS {base['peak_kib'] / 1024:.0f} MiB")
     print(f"{'trace':<10}{'rows':>12}{'file MiB':>10}{'read s':>9}{'rows/s':>13}{'MiB/s':>8}"
           f"{'peak RSS MiB':>14}{'over base':>11}")
     with tempfile.TemporaryDirectory() as tmp:

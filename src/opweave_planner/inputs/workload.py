@@ -920,15 +920,22 @@ class _Source:
     def __init__(self, handle, path: Path) -> None:
         self.handle, self.path = handle, path
         self.digest = hashlib.sha256()
-        self.buf, self.pos, self.final = b"", 0, False
+        self.buf, self.pos, self.final, self.seen = b"", 0, False, 0
+        self.size = os.fstat(handle.fileno()).st_size
 
     def more(self) -> None:
         """Append the next block to the unparsed rest (the tail is at most MAX_LINE long)."""
         block = self.handle.read(_BLOCK)
         self.digest.update(block)
         self.final = not block
+        self.seen += len(block)
         self.buf = self.buf[self.pos:] + block
         self.pos = 0
+
+    def rows_expected(self, rows: int) -> int:
+        """The file's rows at the density of those parsed so far, 5 % over."""
+        parsed = max(1, self.seen - (len(self.buf) - self.pos))
+        return int(rows * max(self.size, self.seen) / parsed * 1.05)
 
     def first_line(self) -> tuple[int, int]:
         """Skip the byte-order mark and blank lines: (line number, first byte) of the first
@@ -1036,12 +1043,13 @@ def _scan_error(src: _Source, info: np.ndarray, fmt: str, width: int) -> UserErr
 
 
 def _scan(src: _Source, line: int, fmt: str, cols: tuple[int, int], width: int):
-    """Run the format's kernel over the file from ``src.pos``; (prompt, output) arrays."""
+    """Run the format's kernel over the file from ``src.pos``; (prompt, output) arrays.
+
+    The kernels write into two arrays that grow once they are full, to the rows the file's
+    size promises (so a large file is copied about once, and the peak stays near the result)."""
     out_p, out_o = np.empty(_ROWS, np.int64), np.empty(_ROWS, np.int64)
     info = np.zeros(9, np.int64)
     col = np.array(cols, np.int64)
-    parts_p: list[np.ndarray] = []
-    parts_o: list[np.ndarray] = []
     row = 0
     while True:
         buf = np.frombuffer(src.buf, np.uint8)
@@ -1051,9 +1059,7 @@ def _scan(src: _Source, line: int, fmt: str, cols: tuple[int, int], width: int):
             _scan_csv(buf, src.pos, src.final, line, col, out_p, out_o, row, info)
         status, src.pos, row, line = (int(x) for x in info[:4])
         if status == _FULL:
-            parts_p.append(out_p.copy())
-            parts_o.append(out_o.copy())
-            row = 0
+            out_p, out_o = (_grown(a, max(2 * a.size, src.rows_expected(row))) for a in (out_p, out_o))
         elif status == _SLOW:
             got = _json_line(src.buf[int(info[5]):int(info[6])], src.path, line)
             if got is not None:
@@ -1066,12 +1072,15 @@ def _scan(src: _Source, line: int, fmt: str, cols: tuple[int, int], width: int):
             break
         else:
             src.more()
-    parts_p.append(out_p[:row].copy())
-    parts_o.append(out_o[:row].copy())
-    del out_p, out_o
-    prompt = np.concatenate(parts_p)
-    del parts_p
-    return prompt, np.concatenate(parts_o)
+    if out_p.size > row + row // 8:  # more room than rows (a small file, a bad guess): trim
+        return out_p[:row].copy(), out_o[:row].copy()
+    return out_p[:row], out_o[:row]
+
+
+def _grown(a: np.ndarray, size: int) -> np.ndarray:
+    out = np.empty(size, a.dtype)
+    out[: a.size] = a
+    return out
 
 
 def read_trace(path: str | Path) -> Trace:
