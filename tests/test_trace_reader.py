@@ -271,8 +271,6 @@ def test_a_request_far_past_the_window_is_shaped_by_the_window(tmp_path):
     assert (w.requests, w.dropped, w.max_context) == (1, 1, 109)
 
 
-@pytest.mark.xfail(strict=True, reason="inputs/request.py validates with no limit before the window "
-                   "applies: it must call workload_spec(..., shape=False) when max_model_len is None")
 def test_a_request_far_past_the_window_plans_with_the_default_limit(tmp_path):
     path = _file(tmp_path, HEADER + b"100,10\n20000000,20\n")
     ran = _plan("--workload", str(path))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from enum import StrEnum
 from typing import Any
 
@@ -160,8 +161,11 @@ class PlanRequest(BaseModel):
         from pathlib import Path
 
         text = str(v).strip()
-        path = Path(text).expanduser()
-        return str(path.resolve()) if path.is_file() else text  # a file is recorded by absolute path
+        try:  # a file is recorded by absolute path; anything odd is left to the reader's input check
+            path = Path(text).expanduser()
+            return os.path.realpath(path) if path.is_file() else text
+        except (OSError, ValueError, RuntimeError):
+            return text
 
     @field_validator("overflow", mode="before")
     @classmethod
@@ -294,6 +298,12 @@ class PlanRequest(BaseModel):
             for name in WORKLOAD_ONLY:  # given with a value other than its default
                 if getattr(self, name) != PlanRequest.model_fields[name].default:
                     raise UserError(f"{flag_of(name)}: only applies with --workload (--ctx is one fixed context)")
+        elif self.max_model_len is None:
+            # the limit is the model's window (with_model_window): check the trace or law now, and
+            # shape it once that limit is known, so a request past the window is clipped or dropped
+            from opweave_planner.inputs.workload import workload_spec
+
+            workload_spec(workload=self.workload, scale_ctx=self.scale_ctx, overflow=self.overflow, shape=False)
         else:
             self.traffic()  # read and shape the workload once here: a bad trace fails before any search
         return self
