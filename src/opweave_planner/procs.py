@@ -179,6 +179,13 @@ def kill_pool(executor: ProcessPoolExecutor, timeout_s: float = 2.0) -> None:
     for p in procs:
         with contextlib.suppress(Exception):
             p.join(timeout_s)
+    # let the pool's manager thread finish closing its wakeup pipe now: at exit, Python 3.11's
+    # concurrent.futures would otherwise write to that pipe while the thread closes it, and
+    # print an 'Exception ignored ... Bad file descriptor' traceback after our one line
+    manager = getattr(executor, "_executor_manager_thread", None)
+    if manager is not None:
+        with contextlib.suppress(Exception):
+            manager.join(timeout_s)
 
 
 @contextlib.contextmanager
