@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from opweave_planner.compile.space import microbatch_grid
 from opweave_planner.inputs.hardware import load_hardware
 from opweave_planner.inputs.model import load_model
 from opweave_planner.inputs.request import make_request
@@ -23,7 +24,7 @@ def main() -> None:
     args = ap.parse_args()
     hw = load_hardware()
     seq = build_sequence(load_model(args.model))
-    grid = make_request(model=args.model, slo="60ms", ctx=args.ctx).microbatch_grid()
+    grid = microbatch_grid(make_request(model=args.model, slo="60ms", ctx=args.ctx))
     gpus = ("h100", "h200", "a100", "l40s")
     has_moe = any(op.kind == "moe_up" for op in seq.ops)
     pars = [lookup.Parallel(tp, ep) for tp in (1, 2, 4, 8) for ep in ((False, True) if has_moe and tp > 1 else (False,))]

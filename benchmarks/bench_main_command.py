@@ -56,11 +56,12 @@ def _row(label: str, fn, trees: list[Path], rounds: int) -> None:
 
 def phases(gpus: str | None) -> None:
     from opweave_planner import api
-    from opweave_planner.search.driver import make_context, run_search
+    from opweave_planner.compile import compile_request
+    from opweave_planner.search.driver import run_search
 
     req = api.make_request("gemma-3-27b", "60ms", "32k", gpus=gpus)
     t0 = time.perf_counter()
-    ctx = make_context(req)
+    ctx = compile_request(req)
     t_ctx = time.perf_counter() - t0
     out = run_search(ctx)
     print(f"  {gpus or 'all profiled types'}: latency arrays and templates {t_ctx:.2f} s")

@@ -21,8 +21,9 @@ import sys
 import time
 
 from opweave_planner import api
+from opweave_planner.compile import compile_request
 from opweave_planner.plan import build_plan, search_stats
-from opweave_planner.search.driver import make_context, run_search
+from opweave_planner.search.driver import run_search
 
 MODEL, CTX, SLO = "gemma-3-27b", "32k", "60ms"
 HARDWARE = (("H100", "h100"), ("H100+A100", "h100,a100"))
@@ -41,7 +42,7 @@ def warm_up() -> float:
 def run_variant(gpus: str, pareto: bool, bnb: bool, space: dict, jobs: int):
     req = api.make_request(MODEL, SLO, CTX, gpus=gpus, pareto=pareto, bnb=bnb, **space)
     t0 = time.perf_counter()
-    ctx = make_context(req)
+    ctx = compile_request(req)
     t_ctx = time.perf_counter() - t0
     t1 = time.perf_counter()
     outcome = run_search(ctx, jobs=jobs)

@@ -5,7 +5,7 @@ Usage:  python benchmarks/kv_tail_check.py [--n 96] [--snapshots 2000000] [--see
 
 For the workload of `workload_replay.py`'s qwen3-next case (the Mooncake sample at
 --scale-ctx 32k), the planner reserves `units[n]` context tokens for n resident requests:
-the q-quantile of their summed context under the stationary law (search/traffic.py). This
+the q-quantile of their summed context under the stationary law (compile/traffic.py). This
 script draws independent snapshots of n slots two ways and counts how often the sum exceeds
 that reserve; both should come out near 1 - q:
 
@@ -43,13 +43,13 @@ def exceedance(draw, reserve: float, snapshots: int) -> float:
 def check(q: float, n: int, snapshots: int, seed: int) -> tuple[float, float, float]:
     """(reserve tokens, exceedance under the planner's law, exceedance from the trace)."""
     from opweave_planner import api
-    from opweave_planner.search.traffic import build_traffic, resident_counts
+    from opweave_planner.compile.traffic import build_traffic, resident_counts, workload_of
 
     req = api.make_request("qwen3-next-80b-a3b", "80ms", workload=str(TRACE), scale_ctx="32k", gpus="h100",
                            kv_quantile=q)
     if n not in resident_counts(req):
         raise SystemExit(f"--n {n}: the planner reserves only for resident counts {resident_counts(req)}")
-    tr = build_traffic(req)
+    tr = build_traffic(req, workload_of(req))
     wl = tr.workload
     reserve = float(tr.units[n])
     cdf = np.cumsum(np.asarray(wl.pmf, float))

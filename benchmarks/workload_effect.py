@@ -47,6 +47,7 @@ def _workload_request(model: str, slo: str, scale: str):
 
 def one(model: str, slo: str, scale: str, jobs: int) -> dict:
     from opweave_planner import api
+    from opweave_planner.compile.traffic import workload_of
     from opweave_planner.contract import evaluate_plan
     from opweave_planner.errors import UserError
 
@@ -59,7 +60,7 @@ def one(model: str, slo: str, scale: str, jobs: int) -> dict:
     t0 = time.perf_counter()
     wplan, winf = api.plan(wreq, jobs=jobs)
     row["t_workload"] = time.perf_counter() - t0
-    theta = round(wreq.traffic().theta)
+    theta = round(workload_of(wreq).theta)
     t0 = time.perf_counter()
     dplan, dinf = api.plan(api.make_request(model=model, slo=slo, gpus="h100", ctx=theta), jobs=jobs)
     row["t_fixed"] = time.perf_counter() - t0

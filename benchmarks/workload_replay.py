@@ -104,10 +104,10 @@ def replay(plan, steps: int, warmup: int, seed: int):
     from opweave_planner.search.evaluate import evaluate
 
     ctx, tmpl, sel = plan_context(plan, where="replay")
-    _splan, prob = ctx.problem(tmpl, batches=(sel.batch,))
+    prob = ctx.problem(tmpl, batches=(sel.batch,))
     ev = evaluate(prob, sel)
     kt, mem = _stage_tables(prob, sel)
-    wl = ctx.request.traffic()
+    wl = ctx.workload
     k, mu, B, s_n = prob.k, sel.mu, sel.batch, prob.stage_owner.size
     bh = [int(prob.mb_grid[m]) for m in sel.mb]
     per = B // mu

@@ -156,13 +156,14 @@ def test_jobs_two_equals_jobs_one(model):
 
 def test_latency_objective_finds_the_fastest_plan_across_templates():
     """The infeasibility report's 'lowest achievable TPOT' is the minimum over all templates."""
-    from opweave_planner.search.driver import make_context, run_search
+    from opweave_planner.compile import compile_request
+    from opweave_planner.search.driver import run_search
 
     req = api.make_request("llama-3.1-8b", "60ms", "8k", gpus="h100", **SPACE)
-    ctx = make_context(req)
+    ctx = compile_request(req)
     fastest = run_search(ctx, slo_ms=float("inf"), latency_objective=True).best
     for policy in ("colocated", "afd", "cad"):
-        sub = make_context(api.make_request("llama-3.1-8b", "60ms", "8k", gpus="h100", policy=policy, **SPACE))
+        sub = compile_request(api.make_request("llama-3.1-8b", "60ms", "8k", gpus="h100", policy=policy, **SPACE))
         best = run_search(sub, slo_ms=float("inf"), latency_objective=True).best
         assert fastest.t_rtt_us <= best.t_rtt_us * (1 + 1e-12)
     assert math.isclose(fastest.cost, fastest.t_rtt_us, rel_tol=1e-12)

@@ -24,9 +24,10 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from opweave_planner.compile.problem import Problem, check_problem, typed
 from opweave_planner.schedule.reference import simulate_rtt as ref_simulate_rtt
 from opweave_planner.search.evaluate import cost_rate, evaluate, owner_need, stage_time
-from opweave_planner.search.problem import Problem, check_problem, selection, typed
+from opweave_planner.search.state import selection
 from opweave_planner.search.walk import search_template
 
 EPS = 1e-12  # the kernel's SLO margin

@@ -3,7 +3,7 @@
 Random small instances of `tests/test_search_exact.py` get a workload: a few context
 knots with nondecreasing per-operator latencies, seeded scenarios of per-slot contexts, a
 KV reserve per resident count, and the branch-and-bound tables built by the shipped rule
-(`search.traffic.lower_tables` at `search.traffic.lower_context`). The kernel (every
+(`compile.traffic.lower_tables` at `compile.traffic.lower_context`). The kernel (every
 combination of frontier and bounds) must return the brute force's optimum, the brute force
 scoring every candidate with the one evaluator. The evaluator's scenario periods are
 themselves re-derived here from the plain-Python reference simulator with per-microbatch
@@ -26,10 +26,10 @@ from test_search_exact import (
     run_kernel,
 )
 
+from opweave_planner.compile.tables import knot_free
+from opweave_planner.compile.traffic import lower_context, lower_tables
 from opweave_planner.schedule.reference import simulate_rtt as ref_simulate_rtt
-from opweave_planner.search.arrays import knot_free
 from opweave_planner.search.evaluate import evaluate, order_index
-from opweave_planner.search.traffic import lower_context, lower_tables
 
 
 @st.composite
@@ -64,7 +64,7 @@ def workload_instances(draw):
     for c in range(n_cfg):
         kvcpref[c, 1:] = np.cumsum([draw(st.integers(0, 1)) / 4 for _ in range(n_ops)])
     # some configs differ by a context-free amount (as TP vs EP experts do): frontier dominance
-    # may then skip the knots (search.arrays.knot_free decides, here as in the planner)
+    # may then skip the knots (compile.tables.knot_free decides, here as in the planner)
     if n_cfg > 1 and draw(st.booleans()):
         at[1] = at[0] + np.array([draw(st.integers(-2, 2)) / 2 for _ in range(n_ops)])[None, None, :]
         at[1] = np.maximum(at[1], 0.0)

@@ -11,6 +11,7 @@ import pytest
 from conftest import run_cli
 
 from opweave_planner import api
+from opweave_planner.compile.traffic import workload_of
 from opweave_planner.contract import evaluate_plan, read_plan
 from opweave_planner.plan import plan_bytes
 
@@ -142,10 +143,10 @@ def test_a_sized_workload_plan_stays_1_3_and_sizes_on_the_mean(tmp_path):
 def test_a_trace_edited_while_the_process_runs_is_read_again(tmp_path):
     trace = tmp_path / "t.csv"
     shutil.copy(AZURE, trace)
-    first = api.make_request(**SMALL, slo="30ms", workload=str(trace)).traffic()
+    first = workload_of(api.make_request(**SMALL, slo="30ms", workload=str(trace)))
     rows = trace.read_text().splitlines()
     trace.write_text("\n".join([rows[0], *rows[1:200]]) + "\n")
-    second = api.make_request(**SMALL, slo="30ms", workload=str(trace)).traffic()
+    second = workload_of(api.make_request(**SMALL, slo="30ms", workload=str(trace)))
     assert second.requests == 199 and second.spec.sha256 != first.spec.sha256
 
 
@@ -162,8 +163,8 @@ def test_a_trace_is_read_once_per_file_version(tmp_path, monkeypatch):
     monkeypatch.setattr(W, "read_trace", lambda p: reads.append(p) or real(p))
     req = api.resolve_request(api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100",
                                                workload=str(trace)))
-    req.traffic()
+    workload_of(req)
     assert len(reads) == 1
     trace.write_text(trace.read_text() + "900,30\n")
-    api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100", workload=str(trace)).traffic()
+    workload_of(api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100", workload=str(trace)))
     assert len(reads) == 2

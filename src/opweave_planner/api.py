@@ -132,22 +132,22 @@ def make_request(model=None, slo=None, ctx=None, **values) -> PlanRequest:
 
 
 def _infeasible_reason(ctx, jobs: int) -> str:
-    """Name the binding constraint when no plan meets the request."""
+    """Name the binding constraint when no plan meets the request (ctx: the compiled request)."""
     from opweave_planner.search.driver import run_search
 
     req = ctx.request
     relaxed = run_search(ctx, jobs=jobs, slo_ms=float("inf"), latency_objective=True)
     if relaxed.best is None:
         seq = ctx.seq
-        kv = seq.kv_bytes(req.context_tokens) / 2**30
+        kv = seq.kv_bytes(ctx.context_tokens) / 2**30
         w = seq.weight_bytes() / 2**30
         budget = req.max_gpus
-        arr = ctx.arrays
-        usable = [(arr.cfg_mem[i] * c.parallel.tp, c) for i, c in enumerate(arr.configs) if c.parallel.tp <= budget]
+        mem = ctx.tables.per_config.cfg_mem
+        usable = [(mem[i] * c.parallel.tp, c) for i, c in enumerate(ctx.tables.configs) if c.parallel.tp <= budget]
         best_bytes, best_cfg = max(usable, key=lambda x: x[0], default=(0.0, None))
         group = f"{best_cfg.gpu.id} x{best_cfg.parallel.tp}" if best_cfg else "none"
         return (f"no memory-feasible plan within {budget} GPUs: weights are {w:.1f} GiB and one "
-                f"request's KV/state at {req.context_tokens} tokens is {kv:.2f} GiB, while the largest device "
+                f"request's KV/state at {ctx.context_tokens} tokens is {kv:.2f} GiB, while the largest device "
                 f"group allowed ({group}) has {best_bytes / 2**30:.0f} GiB usable after the per-GPU reserve "
                 f"(policy {req.policy.value})")
     fastest = relaxed.best.t_rtt_us / 1e3
@@ -165,8 +165,8 @@ def _simplest(outcome, slack: float):
 
 def sized(doc, req: PlanRequest, hw: Hardware):
     """`doc` with its deployment for the request's target load, if it names one."""
+    from opweave_planner.compile.space import node_size
     from opweave_planner.plan import schema_version_for
-    from opweave_planner.search.arrays import node_size
     from opweave_planner.sizing import size_deployment
 
     if req.target_tokens_per_s is None and req.target_concurrency is None:
@@ -186,6 +186,7 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
     same search; with --prefer-simpler the plan is the simplest within that share of the
     optimum, and the optimum is listed too.
     """
+    from opweave_planner.compile import compile_request
     from opweave_planner.inputs.request import Policy
     from opweave_planner.plan import (
         Infeasible,
@@ -196,17 +197,17 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
         with_alternatives,
         workload_record,
     )
-    from opweave_planner.search.driver import make_context, run_search
+    from opweave_planner.search.driver import run_search
 
-    ctx = make_context(req)
+    ctx = compile_request(req)
     outcome = run_search(ctx, jobs=jobs, progress=progress)
     stats = search_stats(req, ctx.hw, outcome)
     if outcome.best is None:
         reason = _infeasible_reason(ctx, jobs)
-        dist = workload_record(req, ctx.arrays)
+        dist = workload_record(req, ctx)
         return None, Infeasible(schema_version=schema_version_for(stats.space, distribution=dist),
                                 model=ctx.seq.model.name,
-                                workload=Workload(context_tokens=req.context_tokens, tpot_slo_ms=req.slo_ms,
+                                workload=Workload(context_tokens=ctx.context_tokens, tpot_slo_ms=req.slo_ms,
                                                   distribution=dist),
                                 policy=str(req.policy.value), reason=reason)
 

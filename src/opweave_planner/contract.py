@@ -399,7 +399,7 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
 
 def plan_selection(plan: Plan, arrays, where: str, model_name: str):
     """The Selection a plan file describes, in the configuration arrays built for its owners."""
-    from opweave_planner.search.problem import selection
+    from opweave_planner.search.state import selection
 
     cfg, mb = [], []
     for o in plan.owners:
@@ -418,12 +418,11 @@ def plan_selection(plan: Plan, arrays, where: str, model_name: str):
 
 
 def plan_context(plan: Plan, *, where: str = "plan", **overrides: Any):
-    """(Context, template, Selection) of `plan`'s placement under its recorded request and
-    `overrides`: the configuration arrays of exactly its owners, for `simulate` and replays."""
+    """(Compiled, template, Selection) of `plan`'s placement under its recorded request and
+    `overrides`: the request compiled for exactly its owners, for `simulate` and replays."""
+    from opweave_planner.compile import compile_request
     from opweave_planner.inputs.model import load_model
     from opweave_planner.inputs.request import with_model_window
-    from opweave_planner.search.arrays import build_arrays
-    from opweave_planner.search.driver import Context
     from opweave_planner.structure.operators import build_sequence
 
     dist = plan.workload.distribution
@@ -449,9 +448,9 @@ def plan_context(plan: Plan, *, where: str = "plan", **overrides: Any):
         "batches": (plan.global_batch,), "max_microbatches": plan.microbatches,
         "max_replicas": max(o.replicas for o in plan.owners),
         "moe_expert_parallel": any(o.expert_parallel > 1 for o in plan.owners)})
-    arrays = build_arrays(seq, hw, own)
-    sel = plan_selection(plan, arrays, where, seq.model.name)
-    return Context(own, hw, seq, arrays, [tmpl]), tmpl, sel
+    compiled = compile_request(own, hw, spec)
+    sel = plan_selection(plan, compiled.tables, where, seq.model.name)
+    return compiled, tmpl, sel
 
 
 def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evaluation:

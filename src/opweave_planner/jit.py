@@ -30,8 +30,8 @@ compile by about a tenth, 14.3 -> 12.9 s).
 written once, in a module that does not import numba).
 
 Reliance on numba internals, stated once: `no_cpython_wrapper` and `no_cfunc_wrapper` are
-undocumented `njit` options, `_nrt` a private one, and the cache check below reads numba's
-cache index format. numba is pinned below 1 (pyproject.toml); a numba that drops an option
+undocumented `njit` options, `_nrt` a private one, the cache check below reads numba's cache
+index format, and `_tolerate_stale_index` wraps a dispatcher's private index reader. numba is pinned below 1 (pyproject.toml); a numba that drops an option
 fails every kernel at its first compile with a KeyError naming it, and the test
 `test_the_installed_numba_takes_every_option` says so first (docs/architecture.md: how to test
 the newest numba).
@@ -79,9 +79,29 @@ def _decorator(fn, opts: dict):
     def apply(f):
         import numba
 
-        return numba.njit(**opts)(f)
+        return _tolerate_stale_index(numba.njit(**opts)(f))
 
     return apply if fn is None else apply(fn)
+
+
+def _tolerate_stale_index(dispatcher):
+    """Read an on-disk index numba cannot unpickle as an empty one. Numba unpickles a kernel's
+    index before it checks the index is fresh, so an index that names a class since moved or
+    renamed (a Problem part, a Scratch) raised ModuleNotFoundError inside the first call instead
+    of recompiling (and rewriting the index); upgrading over a warm cache did exactly that."""
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    load = getattr(cache_file, "_load_index", None)
+    if load is None:  # NUMBA_DISABLE_JIT, or a numba without these internals: its own behaviour
+        return dispatcher
+
+    def load_index():
+        try:
+            return load()
+        except Exception:  # whatever the unpickling raised, the index is unusable
+            return {}
+
+    cache_file._load_index = load_index
+    return dispatcher
 
 
 def entry(fn: Callable | None = None, *, inline: bool = False):

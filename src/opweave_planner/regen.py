@@ -668,9 +668,9 @@ def fingerprint(req, hysteresis: float = 0.0) -> str:
     network, a workload file). Equal fingerprints give equal plan bytes."""
     from types import SimpleNamespace
 
+    from opweave_planner.compile import hardware_for
     from opweave_planner.inputs.model import load_model
     from opweave_planner.plan import provenance
-    from opweave_planner.search.driver import hardware_for
 
     prov = provenance(hardware_for(req), SimpleNamespace(model=load_model(req.model)), req.gpus, req.profiles,
                       req.backend)

@@ -9,7 +9,6 @@ flag. Adding a setting means adding a field here and using it where it acts.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from enum import StrEnum
@@ -298,14 +297,15 @@ class PlanRequest(BaseModel):
             for name in WORKLOAD_ONLY:  # given with a value other than its default
                 if getattr(self, name) != PlanRequest.model_fields[name].default:
                     raise UserError(f"{flag_of(name)}: only applies with --workload (--ctx is one fixed context)")
-        elif self.max_model_len is None:
-            # the limit is the model's window (with_model_window): check the trace or law now, and
-            # shape it once that limit is known, so a request past the window is clipped or dropped
+        else:
+            # a bad trace or law fails here, before any search. Without --max-model-len the limit is
+            # the model's window (with_model_window): check now, shape once that limit is known.
+            # The reader and the shaping cache by the file's stamp and the spec, so the compile
+            # room's workload_of reads nothing again.
             from opweave_planner.inputs.workload import workload_spec
 
-            workload_spec(workload=self.workload, scale_ctx=self.scale_ctx, overflow=self.overflow, shape=False)
-        else:
-            self.traffic()  # read and shape the workload once here: a bad trace fails before any search
+            workload_spec(workload=self.workload, scale_ctx=self.scale_ctx, max_model_len=self.max_model_len,
+                          overflow=self.overflow, shape=self.max_model_len is not None)
         return self
 
     @model_validator(mode="after")
@@ -335,35 +335,10 @@ class PlanRequest(BaseModel):
             return 100.0
         return 95.0 if self.slo_percentile is None else self.slo_percentile
 
-    def traffic(self):
-        """The materialised workload (`inputs.workload.Workload`): a fixed context or the
-        stationary decode-context law of the trace / law, read and shaped once per process."""
-        from opweave_planner.inputs.workload import file_stamp
-
-        return _traffic(self.ctx, self.workload, self.scale_ctx, self.max_model_len, self.overflow,
-                        file_stamp(self.workload))
-
-    @property
-    def context_tokens(self) -> int:
-        """The length every request must fit: --ctx, or the workload's longest request (prompt +
-        output: its last token is produced at context max_context, so max_context + 1)."""
-        return self.ctx if self.ctx is not None else int(self.traffic().max_context) + 1
-
     @property
     def reserve_gb(self) -> float:
         """The per-GPU reserve in effect (the default when not given)."""
         return DEFAULT_RESERVE_GB if self.memory_reserve_gb is None else self.memory_reserve_gb
-
-    def microbatch_grid(self) -> tuple[int, ...]:
-        """Every per-replica microbatch b = B / (mu n) that the grid can produce."""
-        values = {
-            b // (mu * n)
-            for b in self.batches
-            for mu in range(1, self.max_microbatches + 1)
-            for n in range(1, self.max_replicas + 1)
-            if b % (mu * n) == 0
-        }
-        return tuple(sorted(values))
 
     def space_record(self) -> dict[str, Any]:
         """The searched space as the plan file records it (`search.space`)."""
@@ -387,14 +362,6 @@ def with_model_window(req: PlanRequest, max_context: int | None) -> PlanRequest:
         raise UserError(f"--max-model-len: {req.max_model_len} tokens exceeds the model's "
                         f"max_position_embeddings ({max_context})")
     return req
-
-
-@functools.lru_cache(maxsize=16)
-def _traffic(ctx, workload, scale_ctx, max_model_len, overflow, stamp):
-    from opweave_planner.inputs.workload import materialize, workload_spec
-
-    return materialize(workload_spec(ctx, workload, scale_ctx=scale_ctx, max_model_len=max_model_len,
-                                     overflow=overflow))
 
 
 def field_meta(name: str) -> dict[str, Any]:

@@ -107,9 +107,9 @@ class CriticalResource(IntEnum):
 def _owners(ctx, splan, sel, ev) -> list[OwnerOut]:
     out = []
     for o in range(len(sel.cfg)):
-        cfg = ctx.arrays.configs[int(sel.cfg[o])]
+        cfg = ctx.tables.configs[int(sel.cfg[o])]
         tp = cfg.parallel.tp
-        bh = ctx.arrays.mb_grid[int(sel.mb[o])]
+        bh = ctx.tables.mb_grid[int(sel.mb[o])]
         out.append(OwnerOut(
             index=o, gpu=cfg.gpu.id, tensor_parallel=tp, expert_parallel=tp if cfg.parallel.moe_ep else 1,
             replicas=int(sel.replicas[o]), resident_batch=sel.mu * bh, microbatch=bh,
@@ -135,7 +135,7 @@ def _metrics(ctx, sel, splan, payload, ev, gpus_total: int) -> Metrics:
     k, s = len(sel.cfg), splan.n_stages
     spend = busy_spend = 0.0
     for o in range(k):
-        cfg = ctx.arrays.configs[int(sel.cfg[o])]
+        cfg = ctx.tables.configs[int(sel.cfg[o])]
         usd = cfg.gpu.price_per_hour * cfg.parallel.tp * int(sel.replicas[o])
         spend += usd
         busy_spend += usd * float(ev.busy[o])
@@ -163,9 +163,9 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
 
     seq, req = ctx.seq, ctx.request
     source = seq.model.source if seq.model.source.startswith("/") else None
-    splan, prob = ctx.problem(template, batches=(sel.batch,))
+    splan, prob = ctx.stage_plan(template), ctx.problem(template, batches=(sel.batch,))
     ev = evaluate(prob, sel)
-    dist = workload_record(req, ctx.arrays)
+    dist = workload_record(req, ctx)
     if scored_t_rtt_us is not None and abs(ev.t_rtt - scored_t_rtt_us) > 1e-9 * abs(scored_t_rtt_us):
         raise AssertionError(f"plan TPOT {ev.t_rtt} us differs from the searched {scored_t_rtt_us} us")
     s, k, mu = splan.n_stages, prob.k, sel.mu
@@ -181,7 +181,7 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     return Plan(
         schema_version=schema_version_for(search.space, alternatives=source is not None, distribution=dist),
         model=seq.model.name, model_source=source,
-        workload=Workload(context_tokens=req.context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist),
+        workload=Workload(context_tokens=ctx.context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist),
         policy=str(req.policy.value), usd_per_million_tokens=rounded(usd_per_mtok), tpot_ms=rounded(ev.t_rtt / 1e3),
         tpot=None if dist is None else tpot_stats(ev, req.percentile),
         microbatches=mu, global_batch=sel.batch, gpus_total=gpus_total, num_stages=s,
@@ -195,14 +195,14 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     ), ev
 
 
-def workload_record(req, arrays) -> Distribution | None:
+def workload_record(req, compiled) -> Distribution | None:
     """What the plan records about its workload (None: a fixed context)."""
     if not req.stochastic:
         return None
-    d = req.traffic().describe()
+    d = compiled.workload.describe()
     d.pop("path", None)
     return Distribution(workload=req.workload, slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
-                        scenarios=req.scenarios, seed=req.seed, context_knots=int(arrays.knots.size),
+                        scenarios=req.scenarios, seed=req.seed, context_knots=compiled.context_knots,
                         **{k: (rounded(v) if isinstance(v, float) else v) for k, v in d.items()})
 
 

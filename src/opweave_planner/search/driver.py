@@ -13,15 +13,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from opweave_planner.inputs.hardware import Hardware, load_hardware
-from opweave_planner.inputs.model import load_model
+from opweave_planner.compile import Compiled, compile_request
 from opweave_planner.inputs.request import PlanRequest
-from opweave_planner.policies import templates_for
 from opweave_planner.procs import deferred_interrupts, process_pool
-from opweave_planner.search.arrays import SearchArrays, build_arrays, make_problem, stage_arrays
-from opweave_planner.search.problem import Counters, Problem, Selection
-from opweave_planner.structure.operators import OperatorSequence, build_sequence
-from opweave_planner.structure.templates import StagePlan, Template, expand
+from opweave_planner.search.state import Counters, Selection
+from opweave_planner.structure.templates import Template
 
 
 @dataclass
@@ -57,40 +53,6 @@ class SearchOutcome:
     phases: list[tuple[str, int, float]] = field(default_factory=list)
 
 
-@dataclass
-class Context:
-    """Everything a worker needs, rebuilt from the request in each process."""
-
-    request: PlanRequest
-    hw: Hardware
-    seq: OperatorSequence
-    arrays: SearchArrays
-    templates: list[Template]
-
-    def problem(self, template: Template, *, slo_us: float | None = None, latency_objective: bool = False,
-                batches: tuple[int, ...] | None = None, only_gpu: int | None = None) -> tuple[StagePlan, Problem]:
-        """The template's expansion and its Problem under this request."""
-        splan = expand(self.seq, template)
-        req = self.request
-        prob = make_problem(self.arrays, stage_arrays(self.seq, splan), req,
-                            batches=req.batches if batches is None else batches,
-                            slo_us=req.slo_ms * 1e3 if slo_us is None else slo_us,
-                            latency_objective=latency_objective, only_gpu=only_gpu)
-        return splan, prob
-
-
-def hardware_for(req: PlanRequest) -> Hardware:
-    return load_hardware(req.catalog, req.prices).with_network(
-        inter_node_gbps=req.network_bandwidth, inter_node_latency_us=req.network_latency)
-
-
-def make_context(req: PlanRequest, hw: Hardware | None = None, seq: OperatorSequence | None = None) -> Context:
-    hw = hw or hardware_for(req)
-    seq = seq or build_sequence(load_model(req.model))
-    arrays = build_arrays(seq, hw, req)
-    return Context(req, hw, seq, arrays, templates_for(seq, req.policy, req.max_owners))
-
-
 @dataclass(frozen=True)
 class Phase:
     """One pass over some templates with a fixed seed (fixed per phase, so --jobs gives the
@@ -103,19 +65,19 @@ class Phase:
     only_gpu: int | None = None
 
 
-def _search_one(ctx: Context, index: int, ph: Phase):
+def _search_one(ctx: Compiled, index: int, ph: Phase):
     from opweave_planner.search.walk import search_template
 
     tmpl = ctx.templates[index]
-    splan, prob = ctx.problem(tmpl, slo_us=ph.slo_us, latency_objective=ph.latency_objective,
-                              only_gpu=ph.only_gpu)
-    req = ctx.request
+    splan, req = ctx.stage_plan(tmpl), ctx.request
     if req.max_stages is not None and splan.n_stages > req.max_stages:
         return None, Counters()
+    prob = ctx.problem(tmpl, slo_us=ph.slo_us, latency_objective=ph.latency_objective, only_gpu=ph.only_gpu)
     res = search_template(prob, ph.seed, req.pareto, req.bnb)
     cand = None
     if res.found:
-        cand = Candidate(index, tmpl, res.cost, res.t_rtt, round(res.gpus), splan.n_stages, res.selection)
+        cand = Candidate(template_index=index, template=tmpl, cost=res.cost, t_rtt_us=res.t_rtt,
+                         gpus=round(res.gpus), n_stages=splan.n_stages, selection=res.selection)
     return cand, res.counters
 
 
@@ -125,7 +87,7 @@ _WORKER: dict = {}
 def _worker_run(req: PlanRequest, indices: list[int], ph: Phase):
     ctx = _WORKER.get(req)
     if ctx is None:
-        ctx = _WORKER[req] = make_context(req)
+        ctx = _WORKER[req] = compile_request(req)
     return [_search_one(ctx, i, ph) for i in indices]
 
 
@@ -138,14 +100,14 @@ def _better(a: Candidate | None, b: Candidate | None) -> Candidate | None:
     return a if a.order_key() <= b.order_key() else b
 
 
-def _single_type(ctx: Context, cand: Candidate) -> bool:
-    return len({int(ctx.arrays.cfg_gpu[c]) for c in cand.selection.cfg}) == 1
+def _single_type(ctx: Compiled, cand: Candidate) -> bool:
+    return len({int(ctx.tables.fabric.cfg_gpu[c]) for c in cand.selection.cfg}) == 1
 
 
 class _Run:
     """The phases of one search, sharing a progress count and the interrupt check."""
 
-    def __init__(self, ctx: Context, jobs: int, progress, check, total: int, stack=None) -> None:
+    def __init__(self, ctx: Compiled, jobs: int, progress, check, total: int, stack=None) -> None:
         self.ctx, self.jobs, self.progress, self.check = ctx, jobs, progress, check
         self.done, self.total = 0, total
         self.stack, self.pool = stack, None  # one worker pool for every phase (workers keep their context)
@@ -180,7 +142,7 @@ class _Run:
         return [found[i] for i in sorted(found)]
 
 
-def _pooled(ctx: Context, rest: list[int], jobs: int, ph: Phase, pool):
+def _pooled(ctx: Compiled, rest: list[int], jobs: int, ph: Phase, pool):
     """Chunks of templates on worker processes, yielded in a fixed order (same bytes as jobs=1)."""
     chunks = [rest[i::jobs * 4] for i in range(jobs * 4)]
     futures = [(ch, pool.submit(_worker_run, ctx.request, ch, Phase(tuple(ch), ph.seed, ph.slo_us,
@@ -194,9 +156,9 @@ def _min_cost(cands) -> float:
     return min((c.cost for c in cands if c is not None), default=math.inf)
 
 
-def run_search(ctx: Context, jobs: int = 1, progress=None, slo_ms: float | None = None,
+def run_search(ctx: Compiled, jobs: int = 1, progress=None, slo_ms: float | None = None,
                latency_objective: bool = False) -> SearchOutcome:
-    """Search every template of the context's policy; deterministic for any `jobs`.
+    """Search every template of the compiled request's policy; deterministic for any `jobs`.
 
     Phases, each with a fixed seed: (1) the colocated template, exact; (2) two-owner templates
     seeded by it, exact up to the colocated cost; (3) with several GPU types, every template
@@ -208,7 +170,8 @@ def run_search(ctx: Context, jobs: int = 1, progress=None, slo_ms: float | None 
     """
     slo_us = (ctx.request.slo_ms if slo_ms is None else slo_ms) * 1e3
     n = len(ctx.templates)
-    types = sorted({int(g) for g in ctx.arrays.cfg_gpu})
+    gpu_of = ctx.tables.fabric.cfg_gpu
+    types = sorted({int(g) for g in gpu_of})
     owners = [t.k for t in ctx.templates]
     two = tuple(i for i in range(1, n) if owners[i] == 2)
     rest = tuple(i for i in range(1, n) if owners[i] > 2)
@@ -222,7 +185,7 @@ def run_search(ctx: Context, jobs: int = 1, progress=None, slo_ms: float | None 
         singles: list[Candidate] = [c for c in mixed if _single_type(ctx, c)]
         if len(types) > 1:
             for g in types:
-                singles += run.phase(f"single type {ctx.arrays.configs[list(ctx.arrays.cfg_gpu).index(g)].gpu.id}",
+                singles += run.phase(f"single type {ctx.tables.configs[list(gpu_of).index(g)].gpu.id}",
                                      Phase(tuple(range(1, n)), _min_cost(singles), slo_us, latency_objective,
                                            only_gpu=g))
         mixed += run.phase("mixed", Phase(rest, min(_min_cost(mixed), _min_cost(singles)), slo_us,
@@ -235,7 +198,8 @@ def run_search(ctx: Context, jobs: int = 1, progress=None, slo_ms: float | None 
             best = c
     alternatives = {"colocated": _first(colocated), "two_owner": _first(colocated + two_found),
                     "single_gpu_type": _first(singles) if len(types) > 1 else best}
-    return SearchOutcome(best, run.counters, n, alternatives, mixed + singles, run.timings)
+    return SearchOutcome(best=best, counters=run.counters, templates=n, alternatives=alternatives,
+                         found=mixed + singles, phases=run.timings)
 
 
 def _first(cands: list[Candidate]) -> Candidate | None:

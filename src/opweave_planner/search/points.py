@@ -1,4 +1,4 @@
-"""Owner points and network-safe Pareto frontiers (numba, over Problem arrays).
+"""Owner points and network-safe Pareto frontiers (numba, over the Problem's parts).
 
 A point is one owner's (configuration, replicas) at a (B, mu): its cost rate r,
 GPUs per request rho, microbatch b and stage times. Points are sorted by
@@ -25,12 +25,12 @@ class OwnerTables(NamedTuple):
     count: np.ndarray  # int64[k]: stages per owner
     pos: np.ndarray  # int64[S]: a stage's index among its owner's stages
     wown: np.ndarray  # float64[k, C]: weight bytes per GPU
-    kvown: np.ndarray  # float64[k, C]: KV bytes per GPU per reserved unit (Problem.units)
+    kvown: np.ndarray  # float64[k, C]: KV bytes per GPU per reserved unit (Traffic.units)
     kvcown: np.ndarray  # float64[k, C]: context-independent KV/state bytes per request per GPU
     # what dominance compares, per stage: its time, then (a workload) its time at every context
     # knot, so a dropped point is no faster than its dominator at any context
     dom: np.ndarray  # float64[k, C, M, L (1 + G)]
-    knot_free: np.ndarray  # bool[C, C]: Problem.knot_free
+    knot_free: np.ndarray  # bool[C, C]: Traffic.knot_free
     pair_payload: np.ndarray  # float64[k, k]: boundary bytes per request, sender -> receiver
     n_cross: np.ndarray  # float64[k, k]: boundaries per owner pair
 
@@ -55,17 +55,18 @@ class Points(NamedTuple):
 
 @kernel(inline=True)
 def owner_tables(p):
-    owner, start, end, payload, ok = p.stage_owner, p.stage_start, p.stage_end, p.payload, p.cfg_ok
-    pref, wpref, kvpref, kvcpref, fixed, kpref = p.pref, p.wpref, p.kvpref, p.kvcpref, p.cfg_stage_fixed, p.kpref
-    s, k = owner.shape[0], p.k
+    st, cf, tr = p.stages, p.configs, p.traffic
+    owner, start, end, payload, ok = st.stage_owner, st.stage_start, st.stage_end, st.payload, st.cfg_ok
+    pref, wpref, kvpref, kvcpref, fixed, kpref = cf.pref, cf.wpref, cf.kvpref, cf.kvcpref, cf.cfg_stage_fixed, tr.kpref
+    s, k = owner.shape[0], st.k
     n_cfg, n_mb = pref.shape[0], pref.shape[1]
     # knot times matter to dominance only between two configurations of equal TP whose latency
     # difference varies with the context (knot_free: it does not, e.g. EP vs TP experts)
     n_g = 0
     for a in range(n_cfg):
         for b in range(a + 1, n_cfg):
-            if p.cfg_tp[a] == p.cfg_tp[b] and not p.knot_free[a, b]:
-                n_g = p.knots.shape[0]
+            if p.fabric.cfg_tp[a] == p.fabric.cfg_tp[b] and not tr.knot_free[a, b]:
+                n_g = tr.knots.shape[0]
     count = np.zeros(k, np.int64)
     most = 0
     for j in range(s):
@@ -100,33 +101,37 @@ def owner_tables(p):
                 dom[o, c, m, base] = tab[o, c, m, pos[j]]
                 for g in range(n_g):
                     dom[o, c, m, base + 1 + g] = stage_time(kpref[c, m, g], start[j], end[j], fixed[c])
-    return OwnerTables(tab, count, pos, wown, kvown, kvcown, dom, p.knot_free, pair_payload, n_cross)
+    return OwnerTables(tab=tab, count=count, pos=pos, wown=wown, kvown=kvown, kvcown=kvcown, dom=dom,
+                       knot_free=tr.knot_free, pair_payload=pair_payload, n_cross=n_cross)
 
 
 @kernel(inline=True)
 def new_points(p):
-    k, pmax = p.k, p.pref.shape[0] * p.max_rep
-    return Points(np.zeros((k, pmax), np.int64), np.zeros((k, pmax), np.int64),
-                  np.zeros((k, pmax), np.int64), np.zeros((k, pmax), np.int64),
-                  np.zeros((k, pmax)), np.zeros((k, pmax)), np.zeros((k, pmax)), np.zeros(k, np.int64),
-                  np.empty(k), np.empty(k), np.empty(k), np.empty(k), np.empty(pmax, np.bool_))
+    k, pmax = p.stages.k, p.configs.pref.shape[0] * p.grid.max_rep
+    return Points(c=np.zeros((k, pmax), np.int64), m=np.zeros((k, pmax), np.int64),
+                  n=np.zeros((k, pmax), np.int64), bh=np.zeros((k, pmax), np.int64), r=np.zeros((k, pmax)),
+                  rho=np.zeros((k, pmax)), total=np.zeros((k, pmax)), count=np.zeros(k, np.int64),
+                  min_total=np.empty(k), min_r=np.empty(k), min_rho=np.empty(k), min_bh=np.empty(k),
+                  keep=np.empty(pmax, np.bool_))
 
 
 @kernel(inline=True, refcount=False)
 def build_points(p, ot, o, B, mu, pts):
     """Memory-feasible points of owner o at (B, mu); returns their count."""
+    ok, cf, tp, grid, units = p.stages.cfg_ok, p.configs, p.fabric.cfg_tp, p.grid, p.traffic.units
+    lat_obj, k = p.limits.latency_objective, p.stages.k
     npts = 0
-    for c in range(p.cfg_ok.shape[1]):
-        if not p.cfg_ok[o, c]:
+    for c in range(ok.shape[1]):
+        if not ok[o, c]:
             continue
-        for n in range(1, p.max_rep + 1):
+        for n in range(1, grid.max_rep + 1):
             if B % (mu * n) != 0:
                 continue
             bh = B // (mu * n)
-            m = p.mb_index[bh]
+            m = grid.mb_index[bh]
             if m < 0:
                 continue
-            if memory_need(p.units, ot.wown[o, c], ot.kvown[o, c], ot.kvcown[o, c], p.cfg_ws[c], mu, bh) > p.cfg_mem[c]:
+            if memory_need(units, ot.wown[o, c], ot.kvown[o, c], ot.kvcown[o, c], cf.cfg_ws[c], mu, bh) > cf.cfg_mem[c]:
                 continue
             tot = 0.0
             for i in range(ot.count[o]):
@@ -135,8 +140,8 @@ def build_points(p, ot, o, B, mu, pts):
             pts.m[o, npts] = m
             pts.n[o, npts] = n
             pts.bh[o, npts] = bh
-            pts.r[o, npts] = cost_rate(p.latency_objective, p.k, p.cfg_price[c], p.cfg_tp[c], mu, bh)
-            pts.rho[o, npts] = p.cfg_tp[c] / (mu * bh)
+            pts.r[o, npts] = cost_rate(lat_obj, k, cf.cfg_price[c], tp[c], mu, bh)
+            pts.rho[o, npts] = tp[c] / (mu * bh)
             pts.total[o, npts] = tot
             npts += 1
     pts.count[o] = npts
@@ -161,11 +166,11 @@ def _dominates(tab, length, step, r, c, m, a, b):
 
 
 @kernel(refcount=False)
-def pareto_filter(p, ot, o, cross_type, pts, counters):
+def pareto_filter(fab, ot, o, cross_type, pts, counters):
     """Keep the network-safe frontier: dominance only at equal TP and equal b (equal transfer
     sizes and GPU count), with no dearer NCCL call, and across GPU types only when no candidate
     of this (B, mu) fits in one node (otherwise the GPU type decides the link)."""
-    tp, gpu, tx, tab, length = p.cfg_tp, p.cfg_gpu, p.cfg_transfer_fixed, ot.dom[o], ot.dom.shape[3]
+    tp, gpu, tx, tab, length = fab.cfg_tp, fab.cfg_gpu, fab.cfg_transfer_fixed, ot.dom[o], ot.dom.shape[3]
     knot_free, stride = ot.knot_free, ot.dom.shape[3] // ot.tab.shape[3]
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     npts = pts.count[o]

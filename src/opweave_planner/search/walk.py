@@ -11,16 +11,17 @@ result therefore equals exhaustive enumeration (tests/test_search_exact.py).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
+from opweave_planner.compile.problem import PRUNE_EPS, Problem, objective_flags
 from opweave_planner.jit import entry, kernel
 from opweave_planner.search.bounds import lower_bound
 from opweave_planner.search.evaluate import (
     NODE_TOL,
     evaluate_into,
     evaluate_workload_into,
-    fabric,
     new_scratch,
     plan_gpus,
     plan_link,
@@ -36,17 +37,20 @@ from opweave_planner.search.points import (
     pareto_filter,
     sort_points,
 )
-from opweave_planner.search.problem import (
-    PRUNE_EPS,
-    Counters,
-    Hot,
-    Problem,
-    SearchResult,
-    Selection,
-    objective_flags,
-)
+from opweave_planner.search.state import Counters, SearchResult, Selection
 
 EPS = PRUNE_EPS
+
+
+class Caps(NamedTuple):
+    """What the walk and its leaf compare against, derived once per search from the limits."""
+
+    slo: float  # Limits.slo (1 + 1e-12): an SLO tie is never pruned
+    gpus: float  # Limits.max_gpus + 1e-9
+    nodes: float  # Limits.max_nodes
+    cost_factor: float  # Limits.prune_factor
+    transfer_fixed_min: float  # the cheapest NCCL call of any config: what the bounds may assume
+    use_bnb: bool
 
 
 @kernel(inline=True, refcount=False)
@@ -57,11 +61,12 @@ def _select(pts, sc, k):
 
 
 @kernel(inline=True)
-def _leaf(h, p, pts, sc, B, mu, fixed, workload):
+def _leaf(caps, p, pts, sc, B, mu, fixed, workload):
     """Simulate a complete assignment that survived the bounds; keep it if it is the best.
 
     fixed / workload: the objective's flags, exactly one of them None (see `objective_flags`)."""
-    if plan_nodes(fabric(h), sc.cfg, sc.rep) > h.max_nodes:
+    fab, k = p.fabric, p.stages.k
+    if plan_nodes(fab, sc.cfg, sc.rep) > caps.nodes:
         sc.counters[C_BOUND] += 1
         return
     sc.counters[C_SIM] += 1
@@ -70,36 +75,36 @@ def _leaf(h, p, pts, sc, B, mu, fixed, workload):
         trtt = evaluate_into(p, mu, sc)
         tmean = trtt
     if workload is not None:  # a workload: the percentile for the SLO, the mean for the cost
-        trtt, tmean = evaluate_workload_into(p, B, mu, sc, h.slo_cap)
-    if trtt > h.slo_cap:
+        trtt, tmean = evaluate_workload_into(p, B, mu, sc, caps.slo)
+    if trtt > caps.slo:
         return
     rsum = 0.0
-    for o in range(h.k):
+    for o in range(k):
         rsum += pts.r[o, sc.sel[o]]
-    gpus = plan_gpus(fabric(h), sc.cfg, sc.rep)
+    gpus = plan_gpus(fab, sc.cfg, sc.rep)
     cost = tmean * rsum
     bf = sc.best_f
     if cost < bf[0] or (cost == bf[0] and gpus < bf[2] - NODE_TOL):
         bf[0], bf[1], bf[2], bf[4] = cost, trtt, gpus, tmean
         bf[3] = min(bf[3], cost)
         sc.best_i[0], sc.best_i[1] = B, mu
-        for o in range(h.k):
+        for o in range(k):
             sc.best_i[2 + 3 * o] = sc.cfg[o]
             sc.best_i[3 + 3 * o] = sc.rep[o]
             sc.best_i[4 + 3 * o] = sc.mb[o]
 
 
 @kernel(refcount=False)
-def walk(h, ot, pts, sc, B, mu, opt_link):
+def walk(caps, fab, ot, pts, sc, B, mu, opt_link):
     """DFS over the product of the owners' sorted frontiers at one (B, mu).
 
     Returns True when it stops at a complete assignment that survived the bounds (the
     caller simulates it and calls again to resume), False when the walk is done. Simulation
     allocates, so it runs outside this reference-count-free function.
     """
-    k, use_bnb, state = h.k, h.use_bnb, sc.walk_state
+    k, use_bnb, state = pts.count.shape[0], caps.use_bnb, sc.walk_state
     sel, count, r, min_r, counters, best_f = sc.sel, pts.count, pts.r, pts.min_r, sc.counters, sc.best_f
-    factor, slo_cap, gpu_cap, tx_min = h.prune_factor, h.slo_cap, h.gpu_cap, h.transfer_fixed_min
+    factor, slo_cap, gpu_cap, tx_min = caps.cost_factor, caps.slo, caps.gpus, caps.transfer_fixed_min
     if state[1] == 1:
         level = state[0]
     else:
@@ -123,7 +128,7 @@ def walk(h, ot, pts, sc, B, mu, opt_link):
         link_bw, link_lat = opt_link[0], opt_link[1]
         if depth == k:
             _select(pts, sc, k)
-            link_bw, link_lat, _intra = plan_link(fabric(h), sc.cfg, plan_gpus(fabric(h), sc.cfg, sc.rep))
+            link_bw, link_lat, _intra = plan_link(fab, sc.cfg, plan_gpus(fab, sc.cfg, sc.rep))
         if use_bnb or depth == k:
             t_lb, rsum, gpus = lower_bound(ot, pts, sc, depth, B, mu, link_bw, link_lat + tx_min)
             if depth == k:
@@ -142,11 +147,11 @@ def walk(h, ot, pts, sc, B, mu, opt_link):
 
 
 @kernel(refcount=False)
-def _collect(h, ot, B, mu, pts):
+def _collect(p, ot, B, mu, pts):
     """Build every owner's points; -1 when an owner has none, else the summed minimum rho."""
     rho_floor = 0.0
-    for o in range(h.k):
-        if build_points(h, ot, o, B, mu, pts) == 0:
+    for o in range(p.stages.k):
+        if build_points(p, ot, o, B, mu, pts) == 0:
             return -1.0
         least = pts.rho[o, 0]
         for a in range(1, pts.count[o]):
@@ -162,32 +167,32 @@ def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
     ot = owner_tables(p)
     pts = new_points(p)
     sc = new_scratch(p, seed_cost)
+    fab, lim = p.fabric, p.limits
     node_max, intra_max, tx_min = 0, 0.0, np.inf  # loops, not ndarray.max(): less to compile
-    for c in range(p.cfg_node.shape[0]):
-        node_max = max(node_max, p.cfg_node[c])
-        intra_max = max(intra_max, p.cfg_intra_bw[c])
-        tx_min = min(tx_min, p.cfg_transfer_fixed[c])
-    h = Hot(p.cfg_ok, p.mb_index, p.cfg_ws, p.cfg_mem, p.cfg_tp, p.cfg_price, p.cfg_gpu, p.cfg_node,
-            p.cfg_intra_bw, p.cfg_transfer_fixed, p.units, p.k, p.max_rep, p.latency_objective, use_bnb, p.prune_factor,
-            p.slo * (1 + EPS), p.max_gpus + NODE_TOL, p.max_nodes, p.bw, p.lat, p.intra_lat, tx_min)
-    batches, max_mu, k = p.batches, p.max_mu, p.k
+    for c in range(fab.cfg_node.shape[0]):
+        node_max = max(node_max, fab.cfg_node[c])
+        intra_max = max(intra_max, fab.cfg_intra_bw[c])
+        tx_min = min(tx_min, fab.cfg_transfer_fixed[c])
+    caps = Caps(slo=lim.slo * (1 + EPS), gpus=lim.max_gpus + NODE_TOL, nodes=lim.max_nodes,
+                cost_factor=lim.prune_factor, transfer_fixed_min=tx_min, use_bnb=use_bnb)
+    batches, max_mu, k = p.grid.batches, p.grid.max_mu, p.stages.k
     for bi in range(batches.shape[0]):
         B = batches[bi]
         for mu in range(1, max_mu + 1):
             if B % mu != 0:
                 continue
-            rho_floor = _collect(h, ot, B, mu, pts)
+            rho_floor = _collect(p, ot, B, mu, pts)
             if rho_floor < 0.0:
                 continue
             # a single-node plan is still possible: bounds must assume the faster link
             one_node = k > 1 and B * rho_floor <= node_max + NODE_TOL
-            opt_link = (max(h.bw, intra_max), min(h.lat, h.intra_lat)) if one_node else (h.bw, h.lat)
+            opt_link = (max(fab.bw, intra_max), min(fab.lat, fab.intra_lat)) if one_node else (fab.bw, fab.lat)
             for o in range(k):
                 if use_pareto and pts.count[o] > 1:
-                    pareto_filter(h, ot, o, not one_node, pts, sc.counters)
+                    pareto_filter(fab, ot, o, not one_node, pts, sc.counters)
                 sort_points(pts, o)
-            while walk(h, ot, pts, sc, B, mu, opt_link):
-                _leaf(h, p, pts, sc, B, mu, fixed, workload)
+            while walk(caps, fab, ot, pts, sc, B, mu, opt_link):
+                _leaf(caps, p, pts, sc, B, mu, fixed, workload)
     return sc.best_f, sc.best_i, sc.counters
 
 
@@ -195,9 +200,9 @@ def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = 
                     use_bnb: bool = True) -> SearchResult:
     """The cheapest SLO-feasible Selection of one template's Problem over every (B, mu)."""
     best_f, best_i, counters = _search(p, float(seed_cost), bool(use_pareto), bool(use_bnb), *objective_flags(p))
-    k = p.k
+    k = p.stages.k
     found = bool(np.isfinite(best_f[0]))
-    sel = Selection(int(best_i[0]), int(best_i[1]), best_i[2::3][:k].copy(), best_i[3::3][:k].copy(),
-                    best_i[4::3][:k].copy())
-    return SearchResult(found, float(best_f[0]), float(best_f[1]), float(best_f[2]), sel,
-                        Counters(*(int(x) for x in counters)), float(best_f[4]))
+    sel = Selection(batch=int(best_i[0]), mu=int(best_i[1]), cfg=best_i[2::3][:k].copy(),
+                    replicas=best_i[3::3][:k].copy(), mb=best_i[4::3][:k].copy())
+    return SearchResult(found=found, cost=float(best_f[0]), t_rtt=float(best_f[1]), gpus=float(best_f[2]),
+                        selection=sel, counters=Counters(*(int(x) for x in counters)), t_mean=float(best_f[4]))

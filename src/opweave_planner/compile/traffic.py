@@ -28,9 +28,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from opweave_planner.compile.problem import order_index
+from opweave_planner.compile.space import microbatch_grid
 from opweave_planner.inputs.request import PlanRequest
-from opweave_planner.inputs.workload import Workload, kv_sum_bounds, scenarios
-from opweave_planner.search.evaluate import order_index
+from opweave_planner.inputs.workload import (
+    Workload,
+    kv_sum_bounds,
+    materialize,
+    scenarios,
+    workload_spec,
+)
 from opweave_planner.structure.operators import Operator
 
 KV_SUM_GRID = 1 << 18  # the KV tail's convolution grid: an upper bound at any size; measured on
@@ -41,8 +48,16 @@ KNOTS = 32  # geometric knots over the law's support, plus its mean (never c_lb:
 # depend on the grid, so `simulate` of one plan reproduces the search's figures)
 
 
+def workload_of(req: PlanRequest) -> Workload:
+    """The request's workload, read and shaped: a fixed context, or the stationary decode-context
+    law of its trace or law (the reader and the shaping cache by the file's stamp and the spec, so
+    an edited trace is read again and an unchanged one once per process)."""
+    return materialize(workload_spec(req.ctx, req.workload, scale_ctx=req.scale_ctx,
+                                     max_model_len=req.max_model_len, overflow=req.overflow))
+
+
 @dataclass(frozen=True)
-class Traffic:
+class WorkloadArrays:
     """What the search reads about a workload (see the module docstring)."""
 
     workload: Workload
@@ -55,7 +70,7 @@ class Traffic:
 
 def resident_counts(req: PlanRequest) -> list[int]:
     """Every mu x b a replica can hold on the request's grid."""
-    grid = req.microbatch_grid()
+    grid = microbatch_grid(req)
     top = max(req.batches)
     return sorted({mu * b for mu in range(1, req.max_microbatches + 1) for b in grid if mu * b <= top})
 
@@ -94,8 +109,8 @@ def _knots(wl: Workload, extra: tuple[float, ...]) -> np.ndarray:
     return np.unique(np.round(pts))
 
 
-def build_traffic(req: PlanRequest) -> Traffic:
-    wl = req.traffic()
+def build_traffic(req: PlanRequest, wl: Workload) -> WorkloadArrays:
+    """The arrays of a workload request (`wl`: its `workload_of`)."""
     top = max(req.batches)
     draws = scenarios(wl, req.scenarios, top, req.seed)
     cs = np.zeros((req.scenarios, top + 1))
@@ -106,7 +121,7 @@ def build_traffic(req: PlanRequest) -> Traffic:
     for n in resident_counts(req):
         tail = kv_sum_bounds(wl, n, req.kv_quantile, 1.0, grid=KV_SUM_GRID)[1]
         units[n] = max(tail, wl.max_context + (n - 1) * wl.min_context)
-    return Traffic(wl, cs, _knots(wl, (wl.theta,)), c_lb, pct, units)
+    return WorkloadArrays(workload=wl, scen_cs=cs, knots=_knots(wl, (wl.theta,)), c_lb=c_lb, pct=pct, units=units)
 
 
 def kv_parts(op: Operator, tp: int, longest: int, shard) -> tuple[float, float]:

@@ -1,0 +1,105 @@
+"""`compile_request`: a request compiled for the search, once per process.
+
+Everything the search reads is built here, in Python, before the first kernel: the model's
+operators, the workload (read and shaped), its arrays (scenarios, knots, KV reserve), the
+configuration tables and the templates. `Compiled.problem` then assembles one template's
+`Problem` from the shared parts and the template's stages. `api.plan`, `simulate`
+(contract.plan_context), the search workers and regen's fingerprint use this one constructor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from opweave_planner.compile.problem import (
+    PRUNE_EPS,
+    Limits,
+    Problem,
+    check_problem,
+    typed_part,
+)
+from opweave_planner.compile.tables import Tables, build_tables, stages
+from opweave_planner.compile.traffic import build_traffic, workload_of
+from opweave_planner.inputs.hardware import Hardware, load_hardware
+from opweave_planner.inputs.model import ModelSpec, load_model
+from opweave_planner.inputs.request import PlanRequest
+from opweave_planner.inputs.workload import Workload
+from opweave_planner.policies import templates_for
+from opweave_planner.structure.operators import OperatorSequence, build_sequence
+from opweave_planner.structure.templates import StagePlan, Template, expand
+
+
+@dataclass(frozen=True, eq=False)
+class Compiled:
+    """One request compiled for the search (see the module docstring)."""
+
+    request: PlanRequest
+    hw: Hardware
+    seq: OperatorSequence
+    workload: Workload  # a fixed context, or the stationary law of the trace / law
+    tables: Tables  # its Problem parts already typed (`typed_part`)
+    _cache: dict = field(default_factory=dict, init=False, repr=False)  # stage plans; whether checked
+
+    @cached_property
+    def templates(self) -> tuple[Template, ...]:
+        """The request's policy's templates, in search order (built on first use: simulate needs none)."""
+        req = self.request
+        return tuple(templates_for(self.seq, req.policy, req.max_owners))
+
+    @property
+    def context_tokens(self) -> int:
+        """The length every request must fit: --ctx, or the workload's longest request (prompt +
+        output: its last token is produced at context max_context, so max_context + 1)."""
+        req = self.request
+        return req.ctx if req.ctx is not None else int(self.workload.max_context) + 1
+
+    @property
+    def context_knots(self) -> int:
+        """How many context knots the workload's latencies are looked up at (0: a fixed context)."""
+        return int(self.tables.traffic.knots.size)
+
+    def stage_plan(self, template: Template) -> StagePlan:
+        plans = self._cache.setdefault("plans", {})
+        if template not in plans:
+            plans[template] = expand(self.seq, template)
+        return plans[template]
+
+    def problem(self, template: Template, *, slo_us: float | None = None, latency_objective: bool = False,
+                batches: tuple[int, ...] | None = None, only_gpu: int | None = None) -> Problem:
+        """The template's Problem under this request (`only_gpu`: every owner restricted to one
+        GPU type index; `batches`: another batch grid, e.g. a plan's own)."""
+        req, t = self.request, self.tables
+        slack = 0.0 if req.prefer_simpler is None else req.prefer_simpler
+        limits = Limits(slo=req.slo_ms * 1e3 if slo_us is None else slo_us, max_gpus=req.max_gpus,
+                        max_nodes=float("inf") if req.max_nodes is None else req.max_nodes,
+                        latency_objective=latency_objective, prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS))
+        grid = t.grid if batches is None else t.grid._replace(batches=np.array(batches, np.int64))
+        p = Problem(stages=typed_part(stages(self.seq, self.stage_plan(template), t, only_gpu)),
+                    configs=t.per_config, fabric=t.fabric, grid=grid, limits=typed_part(limits), traffic=t.traffic)
+        # the shared parts are typed once and checked with the first template; per template, its own
+        if not self._cache.get("checked"):
+            check_problem(p)
+            self._cache["checked"] = True
+            return p
+        return check_problem(p, ("stages", "limits") if batches is None else ("stages", "limits", "grid"))
+
+
+def hardware_for(req: PlanRequest) -> Hardware:
+    """The request's catalog and prices, with its network."""
+    return load_hardware(req.catalog, req.prices).with_network(
+        inter_node_gbps=req.network_bandwidth, inter_node_latency_us=req.network_latency)
+
+
+def compile_request(req: PlanRequest, hw: Hardware | None = None, model: ModelSpec | None = None) -> Compiled:
+    """Compile `req` (its hardware and model default to the request's own)."""
+    hw = hw or hardware_for(req)
+    seq = build_sequence(model or load_model(req.model))
+    wl = workload_of(req)
+    wa = build_traffic(req, wl) if req.stochastic else None
+    tables = build_tables(seq, hw, req, wa)
+    return Compiled(request=req, hw=hw, seq=seq, workload=wl, tables=tables._replace(
+        per_config=typed_part(tables.per_config), fabric=typed_part(tables.fabric), grid=typed_part(tables.grid),
+        traffic=typed_part(tables.traffic)))

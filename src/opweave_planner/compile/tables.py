@@ -1,0 +1,170 @@
+"""The configuration tables of a request: every device-group configuration's latency, weight and
+KV prefix sums, price, memory and links, built once per request (and per worker) as the Problem
+parts every template shares; and one template's own part, its stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from opweave_planner.compile.problem import Configs, Fabric, Grid, Stages, Traffic
+from opweave_planner.compile.space import microbatch_grid, node_size
+from opweave_planner.compile.traffic import WorkloadArrays, kv_parts, lower_tables
+from opweave_planner.inputs.hardware import GpuType, Hardware
+from opweave_planner.inputs.request import PlanRequest
+from opweave_planner.latency.interp import INTERPOLATED
+from opweave_planner.latency.lookup import Parallel, kv_shard, op_latencies, weight_shard
+from opweave_planner.latency.memory import fixed_costs, usable_bytes
+from opweave_planner.structure.operators import OperatorSequence, OpKind
+from opweave_planner.structure.templates import StagePlan, boundary_payload
+
+
+@dataclass(frozen=True)
+class Config:
+    """What configuration index c of every per-configuration array is."""
+
+    gpu: GpuType
+    parallel: Parallel
+
+
+class Tables(NamedTuple):
+    """Every configuration of a request as the Problem parts all its templates share."""
+
+    configs: tuple[Config, ...]
+    mb_grid: tuple[int, ...]
+    per_config: Configs
+    fabric: Fabric
+    grid: Grid  # at the request's batches
+    traffic: Traffic
+    moe_pref: np.ndarray  # int64[N+1]: routed-expert operators before each position (owner rule)
+    expert_parallel: np.ndarray  # bool[C]: the config shards routed experts
+
+
+def configurations(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> tuple[Config, ...]:
+    """Every (GPU type, TP, expert-parallel) configuration the request searches."""
+    has_moe = any(op.kind == OpKind.MOE_UP for op in seq.ops)
+    out = []
+    for gid in req.gpus:
+        g = hw.resolve(gid)
+        for tp in req.tensor_parallel_sizes:
+            if tp > node_size(g, req):
+                continue
+            out.append(Config(g, Parallel(tp)))
+            if has_moe and req.moe_expert_parallel and tp > 1:
+                out.append(Config(g, Parallel(tp, moe_ep=True)))
+    return tuple(out)
+
+
+def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: WorkloadArrays | None) -> Tables:
+    """The request's configurations as arrays (`wa`: its workload's arrays, None for --ctx)."""
+    configs, mb_grid = configurations(seq, hw, req), microbatch_grid(req)
+    context = req.ctx if wa is None else max(1, round(wa.workload.theta))
+    knots = np.zeros(0) if wa is None else wa.knots
+    n, c_n, m_n = seq.n, len(configs), len(mb_grid)
+    pref, mpref = np.zeros((c_n, m_n, n + 1)), np.zeros((c_n, m_n, n + 1))
+    wpref, kvpref, kvcpref = np.zeros((c_n, n + 1)), np.zeros((c_n, n + 1)), np.zeros((c_n, n + 1))
+    kpref = np.zeros((c_n, m_n, knots.size, n + 1))
+    knot_lat = []
+    max_out = max(op.out_bytes for op in seq.ops)
+    cfg_mem, cfg_ws = np.zeros(c_n), np.zeros(c_n)
+    for c, cfg in enumerate(configs):
+        tp = cfg.parallel.tp
+        lat = op_latencies(seq, cfg.gpu, cfg.parallel, context, mb_grid, req.profiles, req.backend, req.moe_routing)
+        pref[c, :, 1:] = np.cumsum(lat.lat_us.T, axis=1)
+        mpref[c, :, 1:] = np.cumsum((lat.lat_us * (lat.source <= INTERPOLATED)).T, axis=1)
+        wpref[c, 1:] = np.cumsum([weight_shard(op, tp) for op in seq.ops])
+        if wa is None:
+            kvpref[c, 1:] = np.cumsum([kv_shard(op, tp, context) for op in seq.ops])
+        else:
+            parts = np.array([kv_parts(op, tp, wa.workload.max_context, kv_shard) for op in seq.ops])
+            kvpref[c, 1:], kvcpref[c, 1:] = np.cumsum(parts[:, 0]), np.cumsum(parts[:, 1])
+            at = _knot_latencies(seq, cfg, req, knots)
+            knot_lat.append(at)
+            kpref[c, :, :, 1:] = np.cumsum(at, axis=2)
+            pref[c, :, 1:] = np.cumsum(lower_tables(np.moveaxis(at, 1, 2), knots, wa.c_lb), axis=1)
+        cfg_mem[c] = usable_bytes(cfg.gpu, tp, utilization=req.gpu_memory_utilization,
+                                  reserve_gb=req.memory_reserve_gb)
+        if req.memory_headroom:
+            cfg_mem[c] *= 1.0 - req.memory_headroom
+        # activation buffers (a few live tensors) and the fp32 logits slice
+        cfg_ws[c] = 4 * max_out + 4.0 * seq.model.vocab_size / tp
+    moe_pref = np.zeros(n + 1, np.int64)
+    moe_pref[1:] = np.cumsum([op.kind in (OpKind.MOE_UP, OpKind.MOE_DOWN) for op in seq.ops])
+    fixed = {g.id: fixed_costs(g) for g in {cfg.gpu.id: cfg.gpu for cfg in configs}.values()}
+    on = 1.0 if req.fixed_costs else 0.0
+    per_config = Configs(pref=pref, mpref=mpref, wpref=wpref, kvpref=kvpref, kvcpref=kvcpref,
+                         cfg_price=np.array([c.gpu.price_per_hour for c in configs]), cfg_mem=cfg_mem,
+                         cfg_ws=cfg_ws,
+                         cfg_stage_fixed=np.array([on * fixed[c.gpu.id].stage_dispatch_us for c in configs]))
+    fabric = Fabric(cfg_tp=np.array([c.parallel.tp for c in configs], np.int64),
+                    cfg_gpu=np.array([hw.ids().index(c.gpu.id) for c in configs], np.int64),
+                    cfg_node=np.array([node_size(c.gpu, req) for c in configs], np.int64),
+                    cfg_intra_bw=np.array([c.gpu.intra_node_gbps * 1e3 for c in configs]),
+                    cfg_transfer_fixed=np.array([on * fixed[c.gpu.id].transfer_fixed_us for c in configs]),
+                    bw=hw.network.inter_node_gbps * 1e3, lat=hw.network.inter_node_latency_us,
+                    intra_lat=hw.network.intra_node_latency_us)
+    top = max(req.batches)
+    traffic = Traffic(  # a fixed context: every request holds one unit (its whole KV); no knots, no scenarios
+        units=np.arange(top + 1, dtype=np.float64), knots=knots, kpref=kpref, scen_cs=np.zeros((0, top + 1)),
+        knot_free=knot_free(knot_lat, c_n), pct=0.0, theta=float(context)) if wa is None else Traffic(
+        units=wa.units, knots=knots, kpref=kpref, scen_cs=wa.scen_cs, knot_free=knot_free(knot_lat, c_n),
+        pct=wa.pct, theta=wa.workload.theta)
+    return Tables(configs=configs, mb_grid=mb_grid, per_config=per_config, fabric=fabric,
+                  grid=grid(mb_grid, req.batches, req.max_microbatches, req.max_replicas), traffic=traffic,
+                  moe_pref=moe_pref, expert_parallel=np.array([c.parallel.moe_ep for c in configs], bool))
+
+
+def grid(mb_grid: tuple[int, ...], batches, max_mu: int, max_rep: int) -> Grid:
+    mb_index = np.full(max(mb_grid) + 1, -1, np.int64)
+    for i, b in enumerate(mb_grid):
+        mb_index[b] = i
+    return Grid(mb_grid=np.array(mb_grid, np.int64), mb_index=mb_index, batches=np.array(batches, np.int64),
+                max_mu=max_mu, max_rep=max_rep)
+
+
+def _knot_latencies(seq: OperatorSequence, cfg: Config, req: PlanRequest, knots: np.ndarray) -> np.ndarray:
+    """[M, G, N]: every operator's latency at each context knot, made nondecreasing in context."""
+    at = np.stack([op_latencies(seq, cfg.gpu, cfg.parallel, int(x), microbatch_grid(req), req.profiles,
+                                req.backend, req.moe_routing).lat_us.T for x in knots], axis=1)
+    return np.maximum.accumulate(at, axis=1)
+
+
+def knot_free(knot_lat: list[np.ndarray], c_n: int) -> np.ndarray:
+    """[a, b]: every operator's latency differs between configs a and b by the same amount at
+    every knot (exactly), so frontier dominance need not compare the knots."""
+    free = np.ones((c_n, c_n), bool)
+    for a in range(len(knot_lat)):
+        for b in range(len(knot_lat)):
+            d = knot_lat[a] - knot_lat[b]
+            free[a, b] = bool((d == d[:, :1, :]).all())
+    return free
+
+
+def stages(seq: OperatorSequence, plan: StagePlan, tables: Tables, only_gpu: int | None = None) -> Stages:
+    """One template's stages over the request's configurations (`only_gpu`: every owner restricted
+    to the configurations of one GPU type index)."""
+    k = max(plan.owner) + 1
+    start = np.array([ops[0] for ops in plan.ops], np.int64)
+    end = np.array([(ops[-1] + 1) for ops in plan.ops], np.int64)
+    end[end == seq.n] = seq.n  # a stage ending at lm_head ends at N
+    if plan.n_stages == 1:
+        start[:], end[:] = 0, seq.n
+    owner = np.array(plan.owner, np.int64)
+    ok = owner_ok(tables, owner, start, end, k)
+    if only_gpu is not None:
+        ok = ok & (tables.fabric.cfg_gpu == only_gpu)[None, :]
+    return Stages(stage_owner=owner, stage_start=start, stage_end=end,
+                  payload=np.array(boundary_payload(seq, plan)), cfg_ok=ok, k=k)
+
+
+def owner_ok(tables: Tables, owner: np.ndarray, start: np.ndarray, end: np.ndarray, k: int) -> np.ndarray:
+    """cfg_ok[o, c]: expert-parallel variants only for owners holding routed experts."""
+    moe = tables.moe_pref
+    owns_moe = np.zeros(k, bool)
+    for j in range(owner.size):
+        s, e = start[j], end[j]
+        cnt = moe[e] - moe[s] if e > s else moe[-1] - moe[s] + moe[e]
+        owns_moe[owner[j]] |= cnt > 0
+    return np.array([[owns_moe[o] or not ep for ep in tables.expert_parallel] for o in range(k)])
