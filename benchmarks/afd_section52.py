@@ -25,7 +25,7 @@ def main() -> None:
 
     from opweave_planner.afd import provisioning as pv
     from opweave_planner.afd.simulator import simulate_bundle
-    from opweave_planner.afd.workload import LengthDist, ParametricWorkload
+    from opweave_planner.workload.sampling import LengthDist, ParametricWorkload
 
     coef = pv.LatencyCoefficients(**pv.PAPER_SECTION_52)
     workload = ParametricWorkload(LengthDist("geometric", 100), LengthDist("geometric", 500))

@@ -5,7 +5,7 @@ Usage:  python benchmarks/bench_trace_reader.py [--rows 1000000,10000000] [--see
 Writes seeded traces into a temporary folder: an Azure-style CSV (timestamp, ContextTokens,
 GeneratedTokens) and a Mooncake-style JSONL (timestamp, input_length, output_length and a
 hash_ids list of four block ids), 10^6 and 10^7 rows each. Each is read by
-`inputs.workload.read_trace` in a child process of its own, after untimed reads of the two
+`workload.reader.read_trace` in a child process of its own, after untimed reads of the two
 small example traces (imports, both kernels loaded from numba's cache), so its peak RSS is
 that process's alone; `over base` is the peak less the child's RSS before the timed read. Rows/s counts the whole read:
 the file's bytes, their sha256, parsing and validation, the int64 arrays.
@@ -29,7 +29,7 @@ CHUNK = 500_000  # rows written at a time
 # peak RSS from VmHWM: ru_maxrss of a child starts at its parent's RSS at fork on Linux
 CHILD = """
 import json, resource, sys, time
-from opweave_planner.inputs.workload import read_trace
+from opweave_planner.workload.reader import read_trace
 
 def peak_kib():
     try:

@@ -22,14 +22,14 @@ TRACE = Path(__file__).resolve().parent.parent / "examples" / "traces" / "moonca
 
 def _once(req) -> tuple[float, float, object]:
     from opweave_planner.compile import compile_request
-    from opweave_planner.inputs import workload as workload_mod
     from opweave_planner.latency.lookup import op_latencies
     from opweave_planner.search.driver import run_search
+    from opweave_planner.workload import kv, shaping
 
     # cold caches of the request, so each round pays what a fresh command pays
     op_latencies.cache_clear()
-    workload_mod.materialize.cache_clear()
-    workload_mod._kv_sum_bounds.cache_clear()
+    shaping.materialize.cache_clear()
+    kv._kv_sum_bounds.cache_clear()
     t0 = time.perf_counter()
     ctx = compile_request(req)
     t1 = time.perf_counter()

@@ -9,7 +9,7 @@ the q-quantile of their summed context under the stationary law (compile/traffic
 script draws independent snapshots of n slots two ways and counts how often the sum exceeds
 that reserve; both should come out near 1 - q:
 
-* from the planner's own per-slot context law (`Workload.pmf`), by inverse CDF;
+* from the planner's own per-slot context law (`ContextLaw.pmf`), by inverse CDF;
 * from the trace itself, as a renewal process is seen at a random step: a request chosen with
   probability proportional to its output length, at a uniform age (the replay's start state).
 

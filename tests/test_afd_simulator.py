@@ -9,8 +9,8 @@ import pytest
 
 from opweave_planner.afd import provisioning as pv
 from opweave_planner.afd.simulator import barrier_overhead_mc, simulate_bundle
-from opweave_planner.afd.workload import LengthDist, ParametricWorkload
 from opweave_planner.errors import UserError
+from opweave_planner.workload.sampling import LengthDist, ParametricWorkload
 
 GEO = ParametricWorkload(LengthDist("geometric", 100), LengthDist("geometric", 500))
 ONE_STEP = ParametricWorkload(LengthDist("fixed", 40), LengthDist("fixed", 1))

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from opweave_planner.afd.workload import (
+from opweave_planner.errors import UserError
+from opweave_planner.workload.law import stationary_moments
+from opweave_planner.workload.sampling import (
     LengthDist,
     ParametricWorkload,
     TraceWorkload,
     load_trace,
-    trace_moments,
 )
-from opweave_planner.errors import UserError
 
 
 def _brute_force(prompt, decode):
@@ -39,7 +39,7 @@ def test_geometric_closed_form_matches_corollary():
 def test_closed_form_agrees_with_trace_estimator_on_large_traces(prompt, decode):
     w = ParametricWorkload(LengthDist(*prompt), LengthDist(*decode))
     p, d = w.sample(np.random.default_rng(123), 400_000)
-    theta, nu2 = trace_moments(p, d)
+    theta, nu2 = stationary_moments(p, d)
     assert theta == pytest.approx(w.theta, rel=0.01)
     assert nu2 == pytest.approx(w.nu2, rel=0.02)
 
@@ -48,7 +48,7 @@ def test_estimator_is_exact_for_the_trace_law_with_dependent_lengths():
     rng = np.random.default_rng(5)
     d = rng.integers(1, 60, size=300)
     p = 3 * d + rng.integers(0, 20, size=300)  # long prompts come with long decodes
-    theta, nu2 = trace_moments(p, d)
+    theta, nu2 = stationary_moments(p, d)
     mean, var = _brute_force(p, d)
     assert theta == pytest.approx(mean, rel=1e-12)
     assert nu2 == pytest.approx(var, rel=1e-10)
@@ -115,7 +115,7 @@ def test_bad_length_laws_are_rejected(kind, mean):
 
 
 def test_law_workload_matches_the_closed_form_and_samples_its_law():
-    from opweave_planner.afd.workload import workload_from_text
+    from opweave_planner.workload.sampling import workload_from_text
 
     w = workload_from_text("geometric:100;out=geometric:500")
     ref = ParametricWorkload(LengthDist("geometric", 100), LengthDist("geometric", 500))
@@ -136,7 +136,7 @@ def test_law_workload_matches_the_closed_form_and_samples_its_law():
 
 
 def test_workload_from_text_reads_traces_like_load_trace(tmp_path):
-    from opweave_planner.afd.workload import workload_from_text
+    from opweave_planner.workload.sampling import workload_from_text
 
     path = _write(tmp_path, "prompt_tokens,output_tokens\n10,4\n300,9\n5,1\n")
     a, b = load_trace(path), workload_from_text(str(path))

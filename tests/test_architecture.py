@@ -1,5 +1,5 @@
 """Imports flow one way: cli -> orchestration -> api -> contract/sizing -> plan/theory/afd/report ->
-search -> compile -> policies/latency/schedule -> structure -> inputs, with jit and the helpers at
+search -> compile -> policies/latency/schedule -> structure -> workload/inputs, with jit and the helpers at
 the bottom; no import circle; schedule imports only jit; the search's kernels see the numba policy, the simulator and
 the Problem only (numeric kernels take arrays)."""
 
@@ -17,6 +17,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "opweave_planner"
 # rank of each top-level unit; a module may import units of its own rank or lower only
 RANK = {
     "errors": 0, "data": 0, "atomic": 0, "procs": 0, "inputs": 0, "jit": 0,
+    "workload": 0,  # beside inputs: PlanRequest validates with its grammar, it reads inputs.units
     "structure": 1,
     "schedule": 2, "latency": 2, "policies": 2,
     "compile": 3,

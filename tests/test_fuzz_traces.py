@@ -26,13 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opweave_planner.errors import UserError
-from opweave_planner.inputs.workload import (
-    CSV_FORMATS,
-    LEGACY_DECODE,
-    LEGACY_PROMPT,
-    MAX_LENGTH,
-    read_trace,
-)
+from opweave_planner.workload.reader import MAX_LENGTH, read_trace
+from opweave_planner.workload.traces import FORMATS, JSONL
 
 PLAN = ("--model", "llama-3.1-8b", "--slo", "60ms", "--gpus", "h100", "--policy", "colocated",
         "--batches", "8,16")
@@ -42,7 +37,11 @@ HOSTILE = ["\u0661\u0662", "\uff11\uff12", "1_000", "1\x002", "+5", "-0", "-3", 
            "", "abc", "\u00a012", "1 2", "99999999999999999999", "1099511627777", "0" * 5000 + "1", "\x00"]
 JSON_HOSTILE = ['"5"', "5.0", "true", "-1", "1e3", "null", "[1]", "{}", "0", "99999999999999999999",
                 '"\u0661"', "007", "-0"]
-HEADERS = [*CSV_FORMATS.values(), (LEGACY_PROMPT[0], LEGACY_DECODE[1]), (LEGACY_PROMPT[1], LEGACY_DECODE[0])]
+CSV = [f for f in FORMATS.values() if not f.jsonl]
+# each CSV format's header; of one that takes several names, two of its mixed pairs
+HEADERS = [pair for f in CSV for pair in ([(f.prompt[0], f.output[0])] if len(f.prompt) == len(f.output) == 1
+                                          else [(f.prompt[0], f.output[1]), (f.prompt[1], f.output[0])])]
+HEADERS = [(p.lower(), o.lower()) for p, o in HEADERS]
 TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
 _names = itertools.count()
 
@@ -198,14 +197,15 @@ def reference(data: bytes) -> tuple[str, list] | None:
             if not (0 <= got[0] <= MAX_LENGTH and 1 <= got[1] <= MAX_LENGTH):
                 return None
             rows.append(tuple(got))
-        return "mooncake", rows
+        return JSONL.name, rows
     csv.field_size_limit(1 << 30)
     records = [r for r in csv.reader(io.StringIO(text, newline="")) if any(c.strip() for c in r)]
     header = [h.strip().lower() for h in records[0]]
-    pairs = [(pc, oc) for pc, oc in CSV_FORMATS.values() if pc in header and oc in header]
-    legacy = ([c for c in LEGACY_PROMPT if c in header], [c for c in LEGACY_DECODE if c in header])
-    if all(legacy):
-        pairs.append((legacy[0][0], legacy[1][0]))
+    pairs = []
+    for f in CSV:
+        named = [[c for c in map(str.lower, names) if c in header] for names in (f.prompt, f.output)]
+        if all(named):
+            pairs.append((named[0][0], named[1][0]))
     if len(pairs) != 1:
         return None
     ip, io_ = header.index(pairs[0][0]), header.index(pairs[0][1])
@@ -246,7 +246,7 @@ def test_read_trace_reads_what_the_reference_reads_or_refuses_in_one_line(tmp_pa
         assert got == rows
     ref = reference(data)
     assert ref is not None, "read a file the reference refuses"
-    assert (ref[0] == "mooncake") == (tr.format == "mooncake") and got == ref[1]
+    assert (ref[0] == JSONL.name) == (tr.format == JSONL.name) and got == ref[1]
 
 
 @settings(max_examples=budget(0.5))

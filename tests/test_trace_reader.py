@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 from conftest import assert_one_line_error, run_cli
 
-import opweave_planner.inputs.workload as W
+import opweave_planner.workload.reader as W
 from opweave_planner.errors import UserError
-from opweave_planner.inputs.workload import materialize, read_trace, workload_spec
+from opweave_planner.workload.edge import workload_spec
+from opweave_planner.workload.reader import read_trace
+from opweave_planner.workload.shaping import materialize
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 PLAN = ("--model", "llama-3.1-8b", "--slo", "60ms", "--gpus", "h100", "--policy", "colocated",

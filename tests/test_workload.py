@@ -1,4 +1,4 @@
-"""inputs/workload.py: grammar, trace formats, bad inputs, the stationary context law,
+"""The workload package: grammar, trace formats, bad inputs, the stationary context law,
 scaling and length limits, scenarios (common random numbers) and the KV tail."""
 
 from __future__ import annotations
@@ -9,36 +9,32 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opweave_planner.afd.workload import LengthDist, ParametricWorkload, load_trace
 from opweave_planner.errors import UserError
-from opweave_planner.inputs import workload as wl
-from opweave_planner.inputs.workload import (
+from opweave_planner.inputs.units import parse_tokens
+from opweave_planner.workload import spec as wl
+from opweave_planner.workload import traces
+from opweave_planner.workload.edge import trace_workload, workload_spec
+from opweave_planner.workload.kv import kv_bytes, kv_quantile, kv_sum_bounds, kv_sum_quantile
+from opweave_planner.workload.law import scenarios, stationary_moments, step_percentile
+from opweave_planner.workload.reader import read_trace
+from opweave_planner.workload.sampling import LengthDist, ParametricWorkload, load_trace
+from opweave_planner.workload.shaping import apply_max_model_len, materialize
+from opweave_planner.workload.spec import (
     FixedContextSpec,
     LawSpec,
     LengthLaw,
     TraceSpec,
-    apply_max_model_len,
-    kv_bytes,
-    kv_quantile,
-    kv_sum_bounds,
-    kv_sum_quantile,
-    materialize,
+    is_inline_law,
     parse_law,
     parse_percentile,
     parse_quantile,
-    parse_tokens,
-    read_trace,
-    scenarios,
-    stationary_moments,
-    step_percentile,
-    trace_workload,
-    workload_spec,
 )
 
 SRC = str(Path(wl.__file__).resolve().parents[2])
@@ -127,6 +123,45 @@ def test_every_format_is_recognised_from_its_header(tmp_path, fmt):
     np.testing.assert_array_equal(tr.output, OUTPUTS)
     assert tr.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert tr.prompt.dtype == np.int64 and tr.rows == 4
+
+
+def test_every_registered_format_has_a_sample_here():
+    assert set(FORMATS) == set(traces.FORMATS)
+
+
+def test_help_errors_and_docs_list_the_registered_formats(tmp_path):
+    """The formats are declared once (workload/traces.py); every text that lists them reads it."""
+    from opweave_planner.afd.request import AfdSetup
+    from opweave_planner.inputs.request import PlanRequest
+
+    root = Path(__file__).resolve().parents[1]
+    table = traces.docs_table()
+    assert table in (root / "docs" / "workloads.md").read_text(), f"docs/workloads.md's table should read:\n{table}"
+    assert traces.listing() in PlanRequest.model_fields["workload"].description
+    assert traces.listing() in AfdSetup.model_fields["trace"].description
+    with pytest.raises(UserError) as err:
+        read_trace(_write(tmp_path, "a,b\n1,2\n"))
+    assert all(f"{f.label} {f.kind} ({f.pair})" in str(err.value) for f in traces.FORMATS.values())
+
+
+def test_a_made_up_format_is_read_by_its_declaration_alone(tmp_path, monkeypatch):
+    """Adding a CSV format is its TraceFormat: the reader, its errors, help and the inline-law
+    rule follow."""
+    made_up = traces.TraceFormat("example", "Example", ("in_tokens",), ("out_tokens", "gen_tokens"),
+                                 "a made-up source", suffixes=(".csv", ".tsvx"))
+    monkeypatch.setattr(traces, "FORMATS", MappingProxyType({**traces.FORMATS, "example": made_up}))
+    tr = read_trace(_write(tmp_path, "id,GEN_TOKENS,In_Tokens\nr0,5,100\nr1,1,0\n"))
+    assert tr.format == "example" and tr.prompt.tolist() == [100, 0] and tr.output.tolist() == [5, 1]
+    with pytest.raises(UserError, match="line 2: output length must be an integer >= 1"):
+        read_trace(_write(tmp_path, "in_tokens,out_tokens\n5,0\n", "bad.csv"))
+    with pytest.raises(UserError, match=r"two columns of one kind \('out_tokens', 'gen_tokens'\)"):
+        read_trace(_write(tmp_path, "in_tokens,out_tokens,gen_tokens\n5,1,1\n", "two.csv"))
+    with pytest.raises(UserError, match=r"Example CSV \(in_tokens,out_tokens\)"):
+        read_trace(_write(tmp_path, "a,b\n1,2\n", "unknown.csv"))
+    assert "AFD (prompt,decode) or Example CSV, Mooncake JSONL" in traces.listing()
+    assert "| `example` | one of `in_tokens` and one of `out_tokens`/`gen_tokens` | a made-up source |" in (
+        traces.docs_table())
+    assert not is_inline_law("fixed:5;out=fixed:1.tsvx") and is_inline_law("fixed:5;out=fixed:1")
 
 
 def test_bom_crlf_and_blank_lines_are_tolerated(tmp_path):
@@ -524,7 +559,9 @@ def test_sampler_is_deterministic_and_common_across_plans(small_law):
 
 def test_scenarios_are_identical_in_another_process(tmp_path):
     code = (
-        "import hashlib;from opweave_planner.inputs.workload import *;"
+        "import hashlib;from opweave_planner.workload.edge import workload_spec;"
+        "from opweave_planner.workload.shaping import materialize;"
+        "from opweave_planner.workload.law import scenarios;"
         "w=materialize(workload_spec(workload='lognormal:mean=3k,cv=1.0;out=geometric:200'));"
         "print(hashlib.sha256(scenarios(w,50,16,seed=3).tobytes()).hexdigest())"
     )

@@ -154,7 +154,7 @@ def test_a_trace_is_read_once_per_file_version(tmp_path, monkeypatch):
     """Validating the request and resolving the model's window see one read of the file; an
     edit of the file is read again."""
     from opweave_planner import api
-    from opweave_planner.inputs import workload as W
+    from opweave_planner.workload import reader as W
 
     trace = tmp_path / "t.csv"
     trace.write_text("prompt_tokens,output_tokens\n" + "".join(f"{500 + 7 * i},{20 + i}\n" for i in range(50)))

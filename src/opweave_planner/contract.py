@@ -385,7 +385,7 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
         for key in ("workload", *WORKLOAD_ONLY):
             values.pop(key, None)
     elif "workload" in given:  # another workload: its own shaping, the plan's percentile settings
-        from opweave_planner.inputs.workload import trace_sha256
+        from opweave_planner.workload.reader import trace_sha256
 
         values.pop("ctx", None)
         # the same trace at another path (a plan moved to another machine) keeps its shaping

@@ -231,10 +231,11 @@ def _abs(base: Path, value: object) -> str:
 
 def _workload_value(base: Path, value: object) -> str:
     """A workloads item: a file relative to the matrix, or an inline law as written (what
-    workload_spec reads as one: a ':' and no trace or law suffix, and no such file)."""
+    workload_spec reads as one, unless a file of that name lies beside the matrix)."""
+    from opweave_planner.workload.spec import is_inline_law
+
     text = str(value)
-    inline = ":" in text and not text.lower().endswith((".csv", ".jsonl", ".toml"))
-    return text if inline and not os.path.lexists(base / text) else _abs(base, text)
+    return text if is_inline_law(text) and not os.path.lexists(base / text) else _abs(base, text)
 
 
 def _list(value: Any, key: str, where: str) -> list:

@@ -1,6 +1,7 @@
 """Attention-FFN disaggregation (AFD): how many attention instances per FFN instance.
 
-Modules: ``workload`` (theta, nu^2 of the per-slot stationary load), ``provisioning``
+On the shared workload package (``opweave_planner.workload``: ``sampling`` holds the workloads
+the simulator draws, ``law`` the per-slot stationary load). Modules: ``provisioning``
 (mean-field and barrier-aware ratio rules), ``simulator`` (discrete-event bundle
 simulation and barrier Monte Carlo), ``calibrate`` (latency coefficients from samples),
 ``request`` (the settings of ``afd ratio`` / ``afd simulate``, from which their CLI is generated).
@@ -13,11 +14,6 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "LengthDist": "workload",
-    "ParametricWorkload": "workload",
-    "TraceWorkload": "workload",
-    "load_trace": "workload",
-    "trace_moments": "workload",
     "LatencyCoefficients": "provisioning",
     "PAPER_SECTION_52": "provisioning",
     "kappa": "provisioning",

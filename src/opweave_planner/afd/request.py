@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from opweave_planner.errors import UserError
 from opweave_planner.inputs.request import MAX_BATCH, MAX_GPU_BUDGET
 from opweave_planner.inputs.units import parse_tokens
+from opweave_planner.workload import traces
 
 MAX_RATIO = MAX_GPU_BUDGET  # attention instances per FFN: the planner's GPU budget bound
 MAX_BATCHES_IN_FLIGHT = 64
@@ -81,8 +82,8 @@ class AfdSetup(BaseModel):
     decode_mean: float = Field(500.0, description="Mean decode lifetime in steps (parametric workload).")
     decode_dist: str = Field("geometric", description="Decode lifetime law: geometric (on 1,2,...) or fixed.")
     trace: str | None = Field(None, description=(
-        "Request trace (Azure, BurstGPT, Vidur or prompt_tokens,output_tokens CSV, Mooncake JSONL, "
-        "or a prompt,decode CSV); replaces the parametric workload."))
+        f"Request trace ({traces.listing()}, recognised from its header); replaces the parametric "
+        "workload."))
     model: str | None = Field(None, description=(
         "Calibrate the coefficients from profiles for this model (instead of --alpha-*/--beta-*)."),
         json_schema_extra={"flags": ["--model", "-m"]})
@@ -137,7 +138,7 @@ class AfdSetup(BaseModel):
             return self
         from typing import get_args
 
-        from opweave_planner.afd.workload import DistKind, LengthDist
+        from opweave_planner.workload.sampling import DistKind, LengthDist
 
         for flag, kind, mean in (("--prompt", self.prompt_dist, self.prompt_mean),
                                  ("--decode", self.decode_dist, self.decode_mean)):

@@ -41,9 +41,9 @@ from opweave_planner.afd.request import (
     check_count,
     check_seed,
 )
-from opweave_planner.afd.workload import Workload
 from opweave_planner.errors import UserError
 from opweave_planner.jit import entry
+from opweave_planner.workload.sampling import RequestWorkload
 
 StartState = Literal["stationary", "cold"]
 
@@ -241,7 +241,7 @@ def check_mc_work(r_values, batch: int, trials: int, names: dict[str, str] | Non
 
 def simulate_bundle(
     coef: LatencyCoefficients,
-    workload: Workload,
+    workload: RequestWorkload,
     r: int,
     batch: int,
     requests_per_instance: int = 10_000,
@@ -308,7 +308,7 @@ def simulate_bundle(
 
 
 def barrier_overhead_mc(
-    workload: Workload,
+    workload: RequestWorkload,
     batch: int,
     r_values,
     trials: int = 50_000,

@@ -55,7 +55,7 @@ def _unit_note(console, unit: str) -> None:
 def _setup(req: AfdSetup, max_ratio: int):
     """(coefficients, workload, calibration or None) of a validated request."""
     from opweave_planner.afd.provisioning import PAPER_SECTION_52, LatencyCoefficients
-    from opweave_planner.afd.workload import LengthDist, ParametricWorkload, load_trace
+    from opweave_planner.workload.sampling import LengthDist, ParametricWorkload, load_trace
 
     cal = None
     if req.model is not None:

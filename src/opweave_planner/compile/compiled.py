@@ -26,10 +26,10 @@ from opweave_planner.compile.traffic import build_traffic, workload_of
 from opweave_planner.inputs.hardware import Hardware, load_hardware
 from opweave_planner.inputs.model import ModelSpec, load_model
 from opweave_planner.inputs.request import PlanRequest
-from opweave_planner.inputs.workload import Workload
 from opweave_planner.policies import templates_for
 from opweave_planner.structure.operators import OperatorSequence, build_sequence
 from opweave_planner.structure.templates import StagePlan, Template, expand
+from opweave_planner.workload.law import ContextLaw
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,7 +39,7 @@ class Compiled:
     request: PlanRequest
     hw: Hardware
     seq: OperatorSequence
-    workload: Workload  # a fixed context, or the stationary law of the trace / law
+    workload: ContextLaw  # a fixed context, or the stationary law of the trace / law
     tables: Tables  # its Problem parts already typed (`typed_part`)
     _cache: dict = field(default_factory=dict, init=False, repr=False)  # stage plans; whether checked
 

@@ -31,14 +31,11 @@ import numpy as np
 from opweave_planner.compile.problem import order_index
 from opweave_planner.compile.space import microbatch_grid
 from opweave_planner.inputs.request import PlanRequest
-from opweave_planner.inputs.workload import (
-    Workload,
-    kv_sum_bounds,
-    materialize,
-    scenarios,
-    workload_spec,
-)
 from opweave_planner.structure.operators import Operator
+from opweave_planner.workload.edge import workload_spec
+from opweave_planner.workload.kv import kv_sum_bounds
+from opweave_planner.workload.law import ContextLaw, scenarios
+from opweave_planner.workload.shaping import materialize
 
 KV_SUM_GRID = 1 << 18  # the KV tail's convolution grid: an upper bound at any size; measured on
 # the Mooncake sample scaled to 32k over the 27 resident counts of the default grid, this one is
@@ -48,7 +45,7 @@ KNOTS = 32  # geometric knots over the law's support, plus its mean (never c_lb:
 # depend on the grid, so `simulate` of one plan reproduces the search's figures)
 
 
-def workload_of(req: PlanRequest) -> Workload:
+def workload_of(req: PlanRequest) -> ContextLaw:
     """The request's workload, read and shaped: a fixed context, or the stationary decode-context
     law of its trace or law (the reader and the shaping cache by the file's stamp and the spec, so
     an edited trace is read again and an unchanged one once per process)."""
@@ -60,7 +57,7 @@ def workload_of(req: PlanRequest) -> Workload:
 class WorkloadArrays:
     """What the search reads about a workload (see the module docstring)."""
 
-    workload: Workload
+    workload: ContextLaw
     scen_cs: np.ndarray  # float64[n, max B + 1]: cumulative context over slots
     knots: np.ndarray  # float64[G]
     c_lb: float  # context of the lower-bound tables
@@ -101,7 +98,7 @@ def lower_context(cs: np.ndarray, batches, max_mu: int, max_rep: int, pct: float
     return low
 
 
-def _knots(wl: Workload, extra: tuple[float, ...]) -> np.ndarray:
+def _knots(wl: ContextLaw, extra: tuple[float, ...]) -> np.ndarray:
     lo = max(1, wl.min_context)
     hi = max(wl.max_context, lo + 1)  # at least two knots, even for a one-token workload
     pts = np.geomspace(lo, hi, KNOTS)
@@ -109,7 +106,7 @@ def _knots(wl: Workload, extra: tuple[float, ...]) -> np.ndarray:
     return np.unique(np.round(pts))
 
 
-def build_traffic(req: PlanRequest, wl: Workload) -> WorkloadArrays:
+def build_traffic(req: PlanRequest, wl: ContextLaw) -> WorkloadArrays:
     """The arrays of a workload request (`wl`: its `workload_of`)."""
     top = max(req.batches)
     draws = scenarios(wl, req.scenarios, top, req.seed)

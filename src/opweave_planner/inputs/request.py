@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from opweave_planner.errors import UserError
 from opweave_planner.inputs import units
+from opweave_planner.workload import traces
 
 # Global resident batch sizes: powers of two and three times powers of two.
 DEFAULT_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
@@ -59,8 +60,8 @@ class PlanRequest(BaseModel):
     ctx: int | None = _setting("Context length in tokens, every request at it: 32k = 32768, 1.5k = 1536, or "
                                "131072 (or give --workload)", cli="str")
     workload: str | None = _setting(
-        "Request lengths instead of one --ctx: a trace (Azure or BurstGPT CSV, Mooncake JSONL, Vidur CSV, "
-        "prompt_tokens,output_tokens CSV), a law .toml, or inline 'lognormal:mean=12k,cv=1.2;"
+        f"Request lengths instead of one --ctx: a trace ({traces.listing()}), a law .toml, or inline "
+        "'lognormal:mean=12k,cv=1.2;"
         "out=geometric:mean=300'; the SLO then holds at --slo-percentile and memory at --kv-quantile")
     scale_ctx: int | None = _setting("Rescale the workload's prompts so that the stationary mean decode context "
                                      "is this many tokens (32k)", cli="str")
@@ -169,21 +170,21 @@ class PlanRequest(BaseModel):
     @field_validator("overflow", mode="before")
     @classmethod
     def _overflow(cls, v: Any) -> str:
-        from opweave_planner.inputs.workload import parse_overflow
+        from opweave_planner.workload.spec import parse_overflow
 
         return parse_overflow(v)
 
     @field_validator("slo_percentile", mode="before")
     @classmethod
     def _percentile(cls, v: Any) -> float | None:
-        from opweave_planner.inputs.workload import parse_percentile
+        from opweave_planner.workload.spec import parse_percentile
 
         return None if v is None else parse_percentile(v, "--slo-percentile")
 
     @field_validator("kv_quantile", mode="before")
     @classmethod
     def _kv_quantile(cls, v: Any) -> float:
-        from opweave_planner.inputs.workload import parse_quantile
+        from opweave_planner.workload.spec import parse_quantile
 
         return parse_quantile(v, "--kv-quantile")
 
@@ -302,7 +303,7 @@ class PlanRequest(BaseModel):
             # the model's window (with_model_window): check now, shape once that limit is known.
             # The reader and the shaping cache by the file's stamp and the spec, so the compile
             # room's workload_of reads nothing again.
-            from opweave_planner.inputs.workload import workload_spec
+            from opweave_planner.workload.edge import workload_spec
 
             workload_spec(workload=self.workload, scale_ctx=self.scale_ctx, max_model_len=self.max_model_len,
                           overflow=self.overflow, shape=self.max_model_len is not None)

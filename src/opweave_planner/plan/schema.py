@@ -58,8 +58,8 @@ class Distribution(_Frozen):
 
     workload: str = _f("The --workload value: a trace or law file (absolute path) or an inline law")
     source: Literal["trace", "law"] = _f("A request trace, or a parametric law")
-    format: str | None = _f("Trace format recognised from its header (azure, burstgpt, mooncake, vidur, "
-                            "plain)", default=None)
+    format: str | None = _f("Trace format recognised from its header: its name in docs/workloads.md's table "
+                            "of trace formats (azure, mooncake, ...)", default=None)
     sha256: str | None = _f("SHA-256 of the trace file", default=None)
     rows: Count | None = _f("Requests in the trace file", default=None)
     requests: Count | None = _f("Requests kept after --max-model-len", default=None)

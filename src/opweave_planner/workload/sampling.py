@@ -1,16 +1,12 @@
-"""Per-slot stationary token load of one decode slot under continuous batching.
+"""The workload as requests a decode slot serves: what the AFD simulator draws, and the θ, ν²
+of the per-slot stationary load that provisioning needs.
 
 A slot serves requests back to back; request ``n`` (prompt ``P_n``, decode lifetime
-``D_n >= 1``) contributes load ``P_n + a`` at ages ``a = 0..D_n-1``.  By renewal-reward,
-the load ``Y`` seen at a uniformly random decode step has
-
-    theta = E[D P + D(D-1)/2] / E[D]
-    q     = E[D P^2 + P D(D-1) + D(D-1)(2D-1)/6] / E[D],   nu^2 = q - theta^2.
-
-``theta`` and ``nu^2`` are what provisioning needs; they come either from parametric
-length distributions (prompt and decode independent) or from a request trace (the
-plug-in estimator, which is exact for the trace's empirical law).  Both kinds of
-workload can also draw requests and stationary slot states for the simulator.
+``D_n >= 1``) contributes load ``P_n + a`` at ages ``a = 0..D_n-1``. θ and ν² come from
+closed forms (:class:`ParametricWorkload`: geometric or fixed lengths, prompt and decode
+independent), or from the package's stationary law (:mod:`opweave_planner.workload.law`) of a
+trace (the plug-in estimator, exact for the trace's empirical law) or of a length law. Each
+draws fresh requests and stationary slot states.
 """
 
 from __future__ import annotations
@@ -22,24 +18,19 @@ from typing import Literal
 
 import numpy as np
 
+from opweave_planner.atomic import check_input_file
 from opweave_planner.errors import UserError
-from opweave_planner.inputs.workload import (
-    LEGACY_DECODE,
-    LEGACY_PROMPT,
-    FixedContextSpec,
-    LawSpec,
-    TraceSpec,
-    materialize,
-    read_trace,
-    scaled_law,
-    stationary_moments,
-    workload_spec,
-)
+from opweave_planner.workload.edge import workload_spec
+from opweave_planner.workload.law import stationary_moments
+from opweave_planner.workload.reader import read_trace
+from opweave_planner.workload.shaping import materialize, scaled_law
+from opweave_planner.workload.spec import FixedContextSpec, LawSpec, TraceSpec
+
+__all__ = ["LengthDist", "LawWorkload", "ParametricWorkload", "RequestWorkload", "TraceWorkload",
+           "load_trace", "workload_from_spec", "workload_from_text"]
 
 DistKind = Literal["geometric", "fixed"]
 MAX_MEAN_LENGTH = 1 << 24  # tokens: beyond any model's context (and p^3 of a geometric law underflows)
-PROMPT_COLUMNS = LEGACY_PROMPT
-DECODE_COLUMNS = LEGACY_DECODE
 
 
 @dataclass(frozen=True)
@@ -97,8 +88,8 @@ class LengthDist:
         return age + rng.geometric(p, size=n).astype(np.int64), age
 
 
-class Workload:
-    """Interface shared by the parametric and the trace workloads."""
+class RequestWorkload:
+    """What the AFD simulator and provisioning read of a workload, whatever it is made from."""
 
     theta: float
     nu2: float
@@ -128,7 +119,7 @@ class Workload:
         }
 
 
-class ParametricWorkload(Workload):
+class ParametricWorkload(RequestWorkload):
     """Independent prompt and decode laws; closed-form theta and nu^2."""
 
     def __init__(self, prompt: LengthDist, decode: LengthDist) -> None:
@@ -160,16 +151,7 @@ class ParametricWorkload(Workload):
         }
 
 
-def trace_moments(prompt: np.ndarray, decode: np.ndarray) -> tuple[float, float]:
-    """Nonparametric (theta, nu^2) from per-request arrays (Appendix A.6 estimator).
-
-    The one implementation lives in :func:`opweave_planner.inputs.workload.stationary_moments`
-    (second moment taken about theta, so nu^2 does not lose digits to cancellation).
-    """
-    return stationary_moments(prompt, decode)
-
-
-class TraceWorkload(Workload):
+class TraceWorkload(RequestWorkload):
     """The empirical law of a request trace: bootstrap draws and plug-in moments."""
 
     def __init__(self, prompt: np.ndarray, decode: np.ndarray, name: str = "trace") -> None:
@@ -182,7 +164,7 @@ class TraceWorkload(Workload):
         self.name = name
         self.format: str | None = None
         self.sha256: str | None = None
-        self.theta, self.nu2 = trace_moments(self.prompt, self.decode)
+        self.theta, self.nu2 = stationary_moments(self.prompt, self.decode)
         self.mean_prompt = float(self.prompt.mean())
         self.mean_decode = float(self.decode.mean())
         self._cum_decode = np.cumsum(self.decode, dtype=np.float64)
@@ -210,17 +192,12 @@ class TraceWorkload(Workload):
 
 
 def load_trace(path: str | Path) -> TraceWorkload:
-    """Read a request trace through :func:`opweave_planner.inputs.workload.read_trace`.
-
-    Any format that module recognises from the header: the ``prompt,decode`` CSV (columns
-    ``prompt``/``prompt_len``/``prompt_tokens`` and ``decode``/``decode_len``/``decode_tokens``,
-    any order), Azure LLM, BurstGPT, Vidur, ``prompt_tokens,output_tokens`` CSV or Mooncake
-    JSONL; a request's output tokens are its decode lifetime. Every data row must give a
-    prompt length >= 0 and a decode length >= 1; the first bad row is reported by its line
-    number in the file (the header is line 1).
+    """Read a request trace through :func:`opweave_planner.workload.reader.read_trace`: any
+    format of :data:`opweave_planner.workload.traces.FORMATS`, recognised from the header; a
+    request's output tokens are its decode lifetime. Every data row must give a prompt length
+    >= 0 and a decode length >= 1; the first bad row is reported by its line number in the file
+    (the header is line 1).
     """
-    from opweave_planner.atomic import check_input_file
-
     check_input_file(path, "--trace")  # a folder or FIFO: one line, and a FIFO is never opened
     trace = read_trace(path)
     w = TraceWorkload(trace.prompt, trace.output, name=str(Path(path)))
@@ -229,8 +206,8 @@ def load_trace(path: str | Path) -> TraceWorkload:
     return w
 
 
-class LawWorkload(Workload):
-    """Independent prompt and decode laws of :mod:`opweave_planner.inputs.workload`
+class LawWorkload(RequestWorkload):
+    """Independent prompt and decode laws of :mod:`opweave_planner.workload.spec`
     (``fixed``, ``geometric``, ``lognormal``), as discretised there.
 
     theta and nu^2 are those of the materialised stationary law; requests are drawn from the
@@ -278,8 +255,8 @@ class LawWorkload(Workload):
         }
 
 
-def workload_from_spec(spec: FixedContextSpec | TraceSpec | LawSpec) -> Workload:
-    """The AFD workload of a spec from :func:`opweave_planner.inputs.workload.workload_spec`.
+def workload_from_spec(spec: FixedContextSpec | TraceSpec | LawSpec) -> RequestWorkload:
+    """The AFD workload of a spec from :func:`opweave_planner.workload.edge.workload_spec`.
 
     A trace keeps :class:`TraceWorkload`'s sampling (so an unshaped trace gives exactly what
     :func:`load_trace` gives), with ``scale_ctx``/``max_model_len`` applied to its requests;
@@ -295,7 +272,7 @@ def workload_from_spec(spec: FixedContextSpec | TraceSpec | LawSpec) -> Workload
     return w
 
 
-def workload_from_text(text: str, **shaping) -> Workload:
+def workload_from_text(text: str, **shaping) -> RequestWorkload:
     """``--workload`` for ``afd``: a trace file of any supported format, a ``.toml`` law file
     or an inline law (``shaping``: ``scale_ctx``, ``max_model_len``, ``overflow``)."""
     return workload_from_spec(workload_spec(workload=text, **shaping))
