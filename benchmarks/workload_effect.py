@@ -58,11 +58,13 @@ def one(model: str, slo: str, scale: str, jobs: int) -> dict:
         row["error"] = str(exc)
         return row
     t0 = time.perf_counter()
-    wplan, winf = api.plan(wreq, jobs=jobs)
+    _outcome = api.plan(wreq, jobs=jobs)
+    wplan, winf = _outcome.plan, _outcome.infeasible
     row["t_workload"] = time.perf_counter() - t0
     theta = round(workload_of(wreq).theta)
     t0 = time.perf_counter()
-    dplan, dinf = api.plan(api.make_request(model=model, slo=slo, gpus="h100", ctx=theta), jobs=jobs)
+    _outcome = api.plan(api.make_request(model=model, slo=slo, gpus="h100", ctx=theta), jobs=jobs)
+    dplan, dinf = _outcome.plan, _outcome.infeasible
     row["t_fixed"] = time.perf_counter() - t0
     row["theta"] = theta
     if dplan is not None:

@@ -158,7 +158,8 @@ def run_case(name: str, spec: dict, steps: int, warmup: int, seed: int) -> dict:
 
     t0 = time.perf_counter()
     req = api.make_request(**spec)
-    plan, infeasible = api.plan(req)
+    _outcome = api.plan(req)
+    plan, infeasible = _outcome.plan, _outcome.infeasible
     if plan is None:
         return {"case": name, "error": infeasible.reason}
     t_plan = time.perf_counter() - t0

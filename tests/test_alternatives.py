@@ -20,8 +20,8 @@ MODEL, SLO, CTX = "llama-3.1-8b", "30ms", "8k"
 
 def plan(**kw):
     settings_ = {**SPACE, **kw}
-    doc, _infeasible = api.plan(api.make_request(MODEL, settings_.pop("slo", SLO), settings_.pop("ctx", CTX),
-                                                **settings_))
+    doc = api.plan(api.make_request(MODEL, settings_.pop("slo", SLO), settings_.pop("ctx", CTX),
+                                                **settings_)).plan
     return doc
 
 

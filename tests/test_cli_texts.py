@@ -17,7 +17,8 @@ SMALL = dict(model="llama-3.1-8b", slo="60ms", batches="8,16", max_owners=1, ten
 
 
 def _write(tmp_path: Path, name: str, **kw) -> Path:
-    doc, infeasible = api.plan(api.make_request(**{**SMALL, **kw}))
+    _outcome = api.plan(api.make_request(**{**SMALL, **kw}))
+    doc, infeasible = _outcome.plan, _outcome.infeasible
     assert doc is not None, infeasible
     path = tmp_path / name
     path.write_bytes(plan_bytes(doc))

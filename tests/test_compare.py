@@ -93,7 +93,8 @@ def test_network_sweep_reoptimizes_each_setting():
 @pytest.mark.parametrize("model,stages", [("gemma-3-27b", 124), ("qwen3-next-80b-a3b", 96)])
 def test_baseline_stage_counts(model, stages):
     for policy, want in (("afd", stages), ("cad", stages), ("colocated", 1)):
-        plan, inf = api.plan(api.make_request(model, "80ms", "8k", gpus="h100", policy=policy, **SMALL))
+        _outcome = api.plan(api.make_request(model, "80ms", "8k", gpus="h100", policy=policy, **SMALL))
+        plan, inf = _outcome.plan, _outcome.infeasible
         assert inf is None, inf and inf.reason
         assert plan.num_stages == want, (policy, plan.num_stages)
 

@@ -51,7 +51,8 @@ def one_line_error(res: subprocess.CompletedProcess, needle: str) -> None:
 
 
 def make(model, slo, ctx, gpus, policy) -> Plan | Infeasible:
-    plan, infeasible = api.plan(api.make_request(model, slo, ctx, gpus=gpus, policy=policy, **SMALL))
+    _outcome = api.plan(api.make_request(model, slo, ctx, gpus=gpus, policy=policy, **SMALL))
+    plan, infeasible = _outcome.plan, _outcome.infeasible
     return plan if plan is not None else infeasible
 
 

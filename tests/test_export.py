@@ -45,7 +45,7 @@ def _plan_bytes(model: str, policy: str = "colocated", gpus: str = "h100", **spa
     key = (model, policy, gpus, tuple(sorted(space.items())))
     if key not in _PLANS:
         req = api.make_request(model, "200ms", "8k", gpus=gpus, policy=policy, batches=(8, 16), **space)
-        plan, _ = api.plan(req)
+        plan = api.plan(req).plan
         _PLANS[key] = plan_bytes(plan) if plan is not None else None
     return _PLANS[key]
 

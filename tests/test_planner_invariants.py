@@ -30,7 +30,8 @@ REL = 1e-9  # plan figures are printed with 9 significant digits
 @functools.cache
 def solve(model, slo, gpus="h100", policy="opweave", prices=None, ctx="8k", jobs=1):
     req = api.make_request(model, slo, ctx, gpus=gpus, policy=policy, prices=prices, **SPACE)
-    plan, infeasible = api.plan(req, jobs=jobs)
+    _outcome = api.plan(req, jobs=jobs)
+    plan, infeasible = _outcome.plan, _outcome.infeasible
     assert (plan is None) != (infeasible is None)
     return plan
 
@@ -137,8 +138,8 @@ def test_every_plan_resimulates_to_its_tpot(model, slo, gpus, policy):
 @pytest.mark.parametrize("model", MODELS)
 def test_identical_inputs_identical_bytes(model):
     req = api.make_request(model, "60ms", "8k", gpus="h100,a100", **SPACE)
-    first, _ = api.plan(req)
-    second, _ = api.plan(api.make_request(model, "60ms", "8k", gpus="h100,a100", **SPACE))
+    first = api.plan(req).plan
+    second = api.plan(api.make_request(model, "60ms", "8k", gpus="h100,a100", **SPACE)).plan
     assert first is not None
     assert plan_bytes(first) == plan_bytes(second)
 
@@ -148,8 +149,8 @@ def test_jobs_two_equals_jobs_one(model):
     # max_owners=3 gives enough templates for the worker pool to be used (>= 2 * jobs)
     kw = dict(SPACE, max_owners=3)
     req = api.make_request(model, "60ms", "8k", gpus="h100,a100", **kw)
-    one, _ = api.plan(req, jobs=1)
-    two, _ = api.plan(req, jobs=2)
+    one = api.plan(req, jobs=1).plan
+    two = api.plan(req, jobs=2).plan
     assert one is not None
     assert plan_bytes(one) == plan_bytes(two)
 

@@ -43,8 +43,8 @@ def test_simulate_judges_the_plan_under_its_own_reserves():
 @pytest.mark.parametrize("reserve", [None, 4.0])
 def test_one_reserve_keeps_the_scalar_and_the_old_stamp(reserve):
     catalog = None if reserve is None else str(CATALOG)  # an explicit reserve wins over the catalog
-    plan, _ = api.plan(api.make_request("llama-3.1-8b", 60, 8192, gpus="h100,a100", policy="colocated",
-                                        catalog=catalog, memory_reserve_gb=reserve, **SMALL))
+    plan = api.plan(api.make_request("llama-3.1-8b", 60, 8192, gpus="h100,a100", policy="colocated",
+                                        catalog=catalog, memory_reserve_gb=reserve, **SMALL)).plan
     space = plan.search.space
     assert space.memory_reserve_gb_by_gpu is None
     assert space.memory_reserve_gb == (3.5 if reserve is None else reserve)

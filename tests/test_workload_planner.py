@@ -23,7 +23,8 @@ SMALL = dict(model="llama-3.1-8b", gpus="h100", batches="8,16,32,64", max_replic
 
 
 def _plan(**kw):
-    doc, infeasible = api.plan(api.make_request(**{**SMALL, **kw}))
+    _outcome = api.plan(api.make_request(**{**SMALL, **kw}))
+    doc, infeasible = _outcome.plan, _outcome.infeasible
     assert doc is not None, infeasible
     return doc
 
@@ -58,10 +59,10 @@ def test_a_workload_plan_records_its_workload_and_tpot_distribution():
 
 def test_same_workload_same_bytes_across_runs_and_jobs():
     req = api.make_request(**SMALL, slo="30ms", workload=str(AZURE))
-    a, _ = api.plan(req)
-    b, _ = api.plan(req, jobs=2)
+    a = api.plan(req).plan
+    b = api.plan(req, jobs=2).plan
     assert plan_bytes(a) == plan_bytes(b)
-    c, _ = api.plan(api.make_request(**SMALL, slo="30ms", workload=str(AZURE), seed=1))
+    c = api.plan(api.make_request(**SMALL, slo="30ms", workload=str(AZURE), seed=1)).plan
     assert c.workload.distribution.seed == 1  # another seed: other snapshots, recorded as such
 
 

@@ -14,6 +14,7 @@ from opweave_planner.inputs import request, units
 from opweave_planner.inputs.hardware import Hardware, load_hardware
 from opweave_planner.inputs.model import ModelSpec, load_model
 from opweave_planner.inputs.request import PlanRequest
+from opweave_planner.plan import SCHEMA_MAJOR, Binding, Infeasible, Outcome, Status, rounded
 from opweave_planner.structure.blocks import detect_blocks
 from opweave_planner.structure.operators import OperatorSequence, build_sequence
 from opweave_planner.structure.templates import count_templates
@@ -131,12 +132,18 @@ def make_request(model=None, slo=None, ctx=None, **values) -> PlanRequest:
     return resolve_request(request.make_request(model=model, slo=slo, ctx=ctx, **values))
 
 
-def _infeasible_reason(ctx, jobs: int) -> str:
-    """Name the binding constraint when no plan meets the request (ctx: the compiled request)."""
+INFEASIBLE_MINOR = 6  # the record's binding and lowest_tpot_ms keys
+
+
+def _infeasible(ctx, jobs: int, stats) -> Infeasible:
+    """The record of a request no plan meets, naming the binding constraint (ctx: the compiled
+    request): a search without the SLO tells whether memory or the SLO binds."""
+    from opweave_planner.plan import Infeasible, Workload, schema_version_for, workload_record
     from opweave_planner.search.driver import run_search
 
     req = ctx.request
     relaxed = run_search(ctx, jobs=jobs, slo_ms=float("inf"), latency_objective=True)
+    lowest = None
     if relaxed.best is None:
         seq = ctx.seq
         kv = seq.kv_bytes(ctx.context_tokens) / 2**30
@@ -146,14 +153,24 @@ def _infeasible_reason(ctx, jobs: int) -> str:
         usable = [(mem[i] * c.parallel.tp, c) for i, c in enumerate(ctx.tables.configs) if c.parallel.tp <= budget]
         best_bytes, best_cfg = max(usable, key=lambda x: x[0], default=(0.0, None))
         group = f"{best_cfg.gpu.id} x{best_cfg.parallel.tp}" if best_cfg else "none"
-        return (f"no memory-feasible plan within {budget} GPUs: weights are {w:.1f} GiB and one "
-                f"request's KV/state at {ctx.context_tokens} tokens is {kv:.2f} GiB, while the largest device "
-                f"group allowed ({group}) has {best_bytes / 2**30:.0f} GiB usable after the per-GPU reserve "
-                f"(policy {req.policy.value})")
-    fastest = relaxed.best.t_rtt_us / 1e3
-    what = "TPOT" if not req.stochastic else f"p{req.percentile:g} step TPOT"
-    return (f"the lowest achievable {what} is {fastest:.1f} ms > SLO {req.slo_ms:g} ms "
-            f"(policy {req.policy.value}, GPUs {','.join(req.gpus)})")
+        binding = Binding.MEMORY
+        reason = (f"no memory-feasible plan within {budget} GPUs: weights are {w:.1f} GiB and one "
+                  f"request's KV/state at {ctx.context_tokens} tokens is {kv:.2f} GiB, while the largest device "
+                  f"group allowed ({group}) has {best_bytes / 2**30:.0f} GiB usable after the per-GPU reserve "
+                  f"(policy {req.policy.value})")
+    else:
+        binding, lowest = Binding.SLO, rounded(relaxed.best.t_rtt_us / 1e3)
+        what = "TPOT" if not req.stochastic else f"p{req.percentile:g} step TPOT"
+        reason = (f"the lowest achievable {what} is {lowest:.1f} ms > SLO {req.slo_ms:g} ms "
+                  f"(policy {req.policy.value}, GPUs {','.join(req.gpus)})")
+    dist = workload_record(req, ctx)
+    version = schema_version_for(stats.space, distribution=dist)
+    version = f"{SCHEMA_MAJOR}.{max(int(version.split('.')[1]), INFEASIBLE_MINOR)}"
+    return Infeasible(schema_version=version, model=ctx.seq.model.name,
+                      workload=Workload(context_tokens=ctx.context_tokens, tpot_slo_ms=req.slo_ms,
+                                        distribution=dist),
+                      policy=str(req.policy.value), reason=reason, binding=binding.value,
+                      lowest_tpot_ms=lowest)
 
 
 def _simplest(outcome, slack: float):
@@ -179,8 +196,9 @@ def sized(doc, req: PlanRequest, hw: Hardware):
     return doc.model_copy(update={"deployment": dep, "schema_version": version})
 
 
-def plan(req: PlanRequest, jobs: int = 1, progress=None):
-    """Run the search; return (Plan, None) or (None, Infeasible).
+def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:
+    """Run the search; an Outcome: OPTIMAL with its plan, or INFEASIBLE with the record naming
+    the binding constraint.
 
     An opweave plan lists the cheapest plan of each simpler class (`alternatives`), from the
     same search; with --prefer-simpler the plan is the simplest within that share of the
@@ -188,28 +206,14 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
     """
     from opweave_planner.compile import compile_request
     from opweave_planner.inputs.request import Policy
-    from opweave_planner.plan import (
-        Infeasible,
-        Workload,
-        build_plan,
-        schema_version_for,
-        search_stats,
-        with_alternatives,
-        workload_record,
-    )
+    from opweave_planner.plan import build_plan, search_stats, with_alternatives
     from opweave_planner.search.driver import run_search
 
     ctx = compile_request(req)
     outcome = run_search(ctx, jobs=jobs, progress=progress)
     stats = search_stats(req, ctx.hw, outcome)
     if outcome.best is None:
-        reason = _infeasible_reason(ctx, jobs)
-        dist = workload_record(req, ctx)
-        return None, Infeasible(schema_version=schema_version_for(stats.space, distribution=dist),
-                                model=ctx.seq.model.name,
-                                workload=Workload(context_tokens=ctx.context_tokens, tpot_slo_ms=req.slo_ms,
-                                                  distribution=dist),
-                                policy=str(req.policy.value), reason=reason)
+        return Outcome(Status.INFEASIBLE, infeasible=_infeasible(ctx, jobs, stats))
 
     def build(cand):
         doc, _ev = build_plan(ctx, cand.template, cand.selection, stats, scored_t_rtt_us=cand.t_rtt_us)
@@ -218,11 +222,11 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None):
     chosen = outcome.best if req.prefer_simpler is None else _simplest(outcome, req.prefer_simpler)
     doc = sized(build(chosen), req, ctx.hw)
     if req.policy != Policy.OPWEAVE:
-        return doc, None
+        return Outcome(Status.OPTIMAL, plan=doc)
     named = {name: build(c) for name, c in outcome.alternatives.items() if c is not None}
     if chosen is not outcome.best:
         named["optimum"] = build(outcome.best)
-    return with_alternatives(doc, named), None
+    return Outcome(Status.OPTIMAL, plan=with_alternatives(doc, named))
 
 
 SHOW_MICROBATCHES = (1, 4, 16, 64, 256)

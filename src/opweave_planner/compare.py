@@ -156,7 +156,8 @@ def plan_entry(plan, infeasible) -> dict[str, Any]:
     from opweave_planner.report import measured_share
 
     if plan is None:
-        return {"feasible": False, "usd_per_million_tokens": None, "reason": infeasible.reason}
+        return {"feasible": False, "usd_per_million_tokens": None, "reason": infeasible.reason,
+                "binding": infeasible.binding, "lowest_tpot_ms": infeasible.lowest_tpot_ms}
     mix: dict[str, int] = {}
     for o in plan.owners:
         mix[o.gpu] = mix.get(o.gpu, 0) + o.tensor_parallel * o.replicas
@@ -198,7 +199,8 @@ def search_entry(req) -> dict[str, Any]:
     """One independent search (module level so worker processes and Ray can run it)."""
     from opweave_planner import api
 
-    return plan_entry(*api.plan(req))
+    out = api.plan(req)
+    return plan_entry(out.plan, out.infeasible)
 
 
 def executor_label(jobs: int, ray_address: str | None) -> str:

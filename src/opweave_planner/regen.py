@@ -82,8 +82,7 @@ def run_task(task: RegenTask) -> bytes:
     from opweave_planner import api
     from opweave_planner.plan import plan_bytes
 
-    plan, infeasible = api.plan(task.request, jobs=1)
-    return plan_bytes(plan if plan is not None else infeasible)
+    return plan_bytes(api.plan(task.request, jobs=1).document)
 
 
 # ----------------------------------------------------------------------------- hysteresis
@@ -172,8 +171,8 @@ def run_job(job: RegenJob) -> EntryResult:
     from opweave_planner.plan import Plan, plan_bytes
 
     task = job.task
-    plan, infeasible = api.plan(task.request, jobs=1)
-    optimum = plan_bytes(plan if plan is not None else infeasible)
+    outcome = api.plan(task.request, jobs=1)
+    plan, optimum = outcome.plan, plan_bytes(outcome.document)
     if job.hysteresis <= 0 or job.previous is None or plan is None:
         return EntryResult(optimum)
     try:

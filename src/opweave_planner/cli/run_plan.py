@@ -35,10 +35,10 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     report.announce_compile(jit.kernels_cache_is_warm(), enabled=not quiet)
     start = time.perf_counter()
     with report.Progress("templates", enabled=not quiet) as bar:
-        result, infeasible = api.plan(req, jobs=jobs, progress=bar)
+        outcome = api.plan(req, jobs=jobs, progress=bar)
     elapsed = time.perf_counter() - start
-    doc = result if result is not None else infeasible
-    data = plan_bytes(doc)
+    result, infeasible = outcome.plan, outcome.infeasible
+    data = plan_bytes(outcome.document)
     if out:
         write_atomic(out, data, field="--out")
     elif infeasible is None and fmt == "json":

@@ -6,9 +6,10 @@ Modules inside the package import each other directly (request <- schema <- io <
 loading one never runs this file's imports in a circle.
 """
 
-from opweave_planner.plan import build, io, request, schema
+from opweave_planner.plan import build, io, outcome, request, schema
 from opweave_planner.plan.build import *  # noqa: F403
 from opweave_planner.plan.io import *  # noqa: F403
+from opweave_planner.plan.outcome import *  # noqa: F403
 from opweave_planner.plan.request import *  # noqa: F403
 from opweave_planner.plan.schema import *  # noqa: F403
 
@@ -17,3 +18,4 @@ __all__ += schema.__all__
 __all__ += io.__all__
 __all__ += build.__all__
 __all__ += request.__all__
+__all__ += outcome.__all__

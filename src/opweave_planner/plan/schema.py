@@ -24,7 +24,7 @@ __all__ = [
     "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment",
 ]
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -214,7 +214,8 @@ class SearchStats(_Frozen):
     simulations: Count
     pruned_by_bound: Count
     pruned_by_frontier: Count
-    exhaustive: StrictBool
+    exhaustive: StrictBool = _f("True when neither the bound nor the frontier pruned (every candidate "
+                                "was enumerated, --no-bnb --no-pareto); the search is exact either way")
     space: SpaceOut
 
 
@@ -328,6 +329,13 @@ class Infeasible(_Frozen):
     policy: PolicyName
     feasible: Literal[False] = _f("Always false", default=False)
     reason: str
+    binding: Literal["slo", "memory"] | None = _f(
+        "The binding constraint: slo (memory-feasible plans exist, the fastest misses the TPOT SLO) or "
+        "memory (no placement holds the weights and KV within the GPU budget); added in schema 1.6",
+        default=None)
+    lowest_tpot_ms: float | None = _f("With binding slo: the lowest TPOT any memory-feasible plan in the "
+                                      "searched space achieves, milliseconds; added in schema 1.6",
+                                      default=None, gt=0)
 
 
 Alternative.model_rebuild()

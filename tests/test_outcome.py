@@ -1,0 +1,48 @@
+"""api.plan's typed outcome (issue 26 item 5): a status, the binding constraint and the lowest
+achievable TPOT as data, recorded in the infeasibility file (schema 1.6), so callers branch on
+why a request has no plan instead of parsing its sentence."""
+
+from __future__ import annotations
+
+import pytest
+
+from opweave_planner import api
+from opweave_planner.plan import Binding, Outcome, Status
+
+SMALL = dict(max_owners=1, batches=(8, 16), max_replicas=1, tensor_parallel_sizes=(1, 2))
+
+
+def _plan(slo, **kw):
+    return api.plan(api.make_request("llama-3.1-8b", slo, 8192, gpus="h100", policy="colocated",
+                                     **{**SMALL, **kw}))
+
+
+def test_a_feasible_request_is_optimal_with_its_plan():
+    out = _plan(60)
+    assert out.status == Status.OPTIMAL and out.infeasible is None and out.document is out.plan
+    assert out.binding is None and out.lowest_tpot_ms is None
+
+
+def test_an_slo_below_reach_names_the_slo_and_the_lowest_tpot_which_is_reachable():
+    out = _plan(1)
+    assert out.status == Status.INFEASIBLE and out.plan is None and out.binding == Binding.SLO
+    assert out.infeasible.schema_version == "1.6" and out.lowest_tpot_ms > 1
+    assert f"{out.lowest_tpot_ms:.1f} ms" in out.infeasible.reason
+    # the figure is what the searched space achieves: at that SLO a plan exists, just below it none
+    at = _plan(out.lowest_tpot_ms * (1 + 1e-9))
+    assert at.status == Status.OPTIMAL and at.plan.tpot_ms <= out.lowest_tpot_ms * (1 + 1e-9)
+    assert _plan(out.lowest_tpot_ms * (1 - 1e-6)).binding == Binding.SLO
+
+
+def test_no_memory_feasible_placement_names_memory():
+    out = api.plan(api.make_request("llama-3.1-70b", 60, 32768, gpus="l40s", policy="colocated",
+                                    max_gpus=1, batches=(8,), tensor_parallel_sizes=(1,), max_replicas=1))
+    assert out.status == Status.INFEASIBLE and out.binding == Binding.MEMORY
+    assert out.lowest_tpot_ms is None and "memory-feasible" in out.infeasible.reason
+
+
+def test_an_outcome_holds_exactly_one_document():
+    with pytest.raises(ValueError):
+        Outcome(Status.OPTIMAL)
+    with pytest.raises(ValueError):
+        Outcome(Status.INFEASIBLE, plan=_plan(60).plan)
