@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "opweave_planner"
 
 # rank of each top-level unit; a module may import units of its own rank or lower only
 RANK = {
-    "errors": 0, "data": 0, "atomic": 0, "procs": 0, "inputs": 0, "jit": 0,
+    "errors": 0, "data": 0, "atomic": 0, "procs": 0, "inputs": 0, "jit": 0, "frozen": 0,
     "workload": 0,  # beside inputs: PlanRequest validates with its grammar, it reads inputs.units
     "structure": 1,
     "schedule": 2, "latency": 2, "policies": 2,
@@ -25,7 +25,7 @@ RANK = {
     "plan": 5, "theory": 5, "afd": 5, "report": 5,
     "contract": 6, "sizing": 6,  # sizing: arithmetic over the plan package's Deployment
     "api": 7,
-    "executor": 8, "compare": 8, "regen": 8, "export": 8,
+    "executor": 8, "compare": 8, "regen": 8, "regen_matrix": 8, "regen_files": 8, "export": 8,
     "cli": 9,
 }
 # the search's kernel modules (jit.PLAN_KERNELS) may import only the numba policy, the simulator,

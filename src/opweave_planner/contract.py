@@ -303,7 +303,10 @@ def _more(items: list) -> str:
 # ----------------------------------------------------------------------------- evaluation
 
 @dataclass
-class Evaluation:
+class Reevaluation:
+    """What `simulate` returns: a plan re-simulated under new inputs, beside its previous version
+    (named apart from the search's per-selection Evaluation)."""
+
     plan: Plan  # the plan re-simulated under the new inputs (same placement)
     previous: Plan
     meets_slo: bool
@@ -453,7 +456,7 @@ def plan_context(plan: Plan, *, where: str = "plan", **overrides: Any):
     return compiled, tmpl, sel
 
 
-def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evaluation:
+def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Reevaluation:
     """Re-simulate `plan`'s placement (no search) under new prices / network / profiles / traffic.
 
     `overrides` are PlanRequest settings (prices, catalog, profiles, network_bandwidth,
@@ -470,7 +473,7 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Evalu
                if getattr(plan.provenance, key) != getattr(new.provenance, key)]
     if plan.workload.model_dump(exclude={"tpot_slo_ms"}) != new.workload.model_dump(exclude={"tpot_slo_ms"}):
         changed.append("workload")  # another trace, another shaping, or a fixed context instead
-    return Evaluation(
+    return Reevaluation(
         plan=new, previous=plan,
         meets_slo=new.tpot_ms <= plan.workload.tpot_slo_ms * (1 + 1e-12),
         fits_memory=ev.fits_memory,

@@ -43,12 +43,8 @@ more than `hysteresis` % dearer than the best. Hysteresis 0 is exactly the plain
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import os
 import re
-import stat
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,25 +52,25 @@ from typing import Any
 import orjson
 
 from opweave_planner.errors import UserError, printable
+from opweave_planner.regen_files import (
+    CACHE_FILE,
+    MAX_OWN_BYTES,
+    _file_sha,
+    _load_cache,
+    _own_file_problem,
+    _previous,
+    _record,
+    _write_own,
+    check_own_file,
+    code_hash,
+    fingerprint,
+)
+from opweave_planner.regen_matrix import AXES, RegenTask, load_matrix
 
-# the cross-product axes of an [[entry]] and the PlanRequest field each one sets
-AXES = {"models": "model", "contexts": "ctx", "slos": "slo", "gpus": "gpus", "policies": "policy"}
-PATH_SETTINGS = ("prices", "catalog", "profiles")
-ALIASES = {"tps": "tensor_parallel_sizes"}  # spellings of matrices written before schema 1.2
-
-
-def _settings_keys() -> tuple[str, ...]:
-    from opweave_planner.inputs.request import PlanRequest
-
-    return tuple(n for n in PlanRequest.model_fields if n not in AXES.values())
-
-
-@dataclass(frozen=True)
-class RegenTask:
-    """One matrix entry: its file name and its validated request (picklable for workers/Ray)."""
-
-    name: str
-    request: Any
+__all__ = ["AXES", "CACHE_FILE", "MAX_HYSTERESIS", "MAX_OWN_BYTES", "TOPOLOGY_ASPECTS", "EntryResult",
+           "FileChange", "RegenJob", "RegenReport", "RegenTask", "check_own_file", "code_hash", "fingerprint",
+           "load_matrix", "parse_hysteresis", "premium_pct", "regen", "run_job", "run_task", "topology_changes",
+           "within_hysteresis"]
 
 
 def run_task(task: RegenTask) -> bytes:
@@ -208,141 +204,6 @@ def run_job(job: RegenJob) -> EntryResult:
         note = f"kept: {_premium(pct)} (<= {job.hysteresis:g} %)"
         return EntryResult(plan_bytes(again), kept=True, premium_pct=pct, note=note)
     return EntryResult(optimum, premium_pct=pct, note=f"replaced: {_premium(pct)} (> {job.hysteresis:g} %)")
-
-
-# ----------------------------------------------------------------------------- matrix
-
-MAX_MATRIX_BYTES = 16 << 20  # a matrix is a few KiB of TOML
-
-def _safe(text: str) -> str:
-    """A file-name part: anything but letters, digits and . + - becomes '-'."""
-    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-")
-
-
-def _abs(base: Path, value: object) -> str:
-    """`value` relative to the matrix folder, symlinks resolved (os.path.realpath: unlike
-    Path.resolve on 3.11 it never raises on a loop). A dangling link or a loop is kept as
-    written, so the input check names it rather than a target that is not there."""
-    given = base / str(value)
-    real = os.path.realpath(given)
-    return real if os.path.exists(real) or not os.path.lexists(given) else os.path.abspath(given)
-
-
-def _workload_value(base: Path, value: object) -> str:
-    """A workloads item: a file relative to the matrix, or an inline law as written (what
-    workload_spec reads as one, unless a file of that name lies beside the matrix)."""
-    from opweave_planner.workload.spec import is_inline_law
-
-    text = str(value)
-    return text if is_inline_law(text) and not os.path.lexists(base / text) else _abs(base, text)
-
-
-def _list(value: Any, key: str, where: str) -> list:
-    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return [value]
-    if isinstance(value, list) and value:
-        return value
-    raise UserError(f"{where}: '{key}' must be a non-empty list")
-
-
-def _settings(obj: Any, where: str, base: Path, allowed: tuple[str, ...]) -> dict[str, Any]:
-    """A table of PlanRequest settings (paths relative to the matrix file)."""
-    if not isinstance(obj, dict):
-        raise UserError(f"{where}: expected a table of settings")
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        name = ALIASES.get(key, key)
-        if name not in allowed:
-            raise UserError(f"{where}: unknown key '{printable(key)}'; expected one of {', '.join(allowed)}")
-        if name in PATH_SETTINGS:
-            if not isinstance(value, str):
-                raise UserError(f"{where}: '{key}' must be a path string")
-            value = _abs(base, value)
-        out[name] = value
-    return out
-
-
-def _length_label(req) -> str:
-    """ctx32k, or for a workload wl-<file stem>[-scale32k]."""
-    from opweave_planner.inputs.units import label_tokens
-
-    if req.workload is None:
-        return f"ctx{label_tokens(req.ctx)}"
-    stem = Path(req.workload).stem if Path(req.workload).is_file() else req.workload
-    scale = "" if req.scale_ctx is None else f"-scale{label_tokens(req.scale_ctx)}"
-    return _safe(f"wl-{stem}{scale}")
-
-
-def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> list[tuple[str, Any, str]]:
-    """(file name, request, label) for every combination of one [[entry]]."""
-    from opweave_planner import api
-    from opweave_planner.inputs.model import load_model
-
-    if not isinstance(entry, dict):
-        raise UserError(f"{ew}: must be a table")
-    if ("contexts" in entry) == ("workloads" in entry):
-        raise UserError(f"{ew}: give contexts (fixed context lengths) or workloads (trace or law files), "
-                        f"one of them")
-    axes = dict(AXES)
-    if "workloads" in entry:
-        axes.pop("contexts")
-        axes["workloads"] = "workload"
-    missing = [k for k in axes if k not in entry]
-    if missing:
-        raise UserError(f"{ew}: missing {', '.join(missing)}")
-    lists = {k: _list(entry[k], k, ew) for k in axes}
-    if "workloads" in lists:
-        lists["contexts"] = [_workload_value(base, w) for w in lists.pop("workloads")]
-    rest = {k: v for k, v in entry.items() if k not in axes and k != "space"}
-    settings = {**common, **_settings(entry.get("space", {}), f"{ew}: space", base, _settings_keys()),
-                **_settings(rest, ew, base, _settings_keys())}
-    out = []
-    for model in lists["models"]:
-        for ctx in lists["contexts"]:
-            for slo in lists["slos"]:
-                for gpus in lists["gpus"]:
-                    for policy in lists["policies"]:
-                        label = printable(f"{ew} ({model}, {ctx}, {slo}, {gpus}, {policy})")
-                        length = {"workload": ctx} if "workloads" in entry else {"ctx": ctx}
-                        try:
-                            req = api.make_request(model=str(model), slo=str(slo), gpus=str(gpus),
-                                                   policy=str(policy), **{**settings, **length})
-                            name = load_model(req.model).name
-                        except UserError as exc:
-                            raise UserError(f"{label}: {exc}") from None
-                        out.append((f"{_safe(name)}_{_length_label(req)}_slo{req.slo_ms:g}ms_"
-                                    f"{'+'.join(req.gpus)}_{req.policy.value}.json", req, label))
-    return out
-
-
-def load_matrix(path: str | Path) -> list[RegenTask]:
-    """Expand a matrix file into validated tasks (every entry checked before anything runs)."""
-    from opweave_planner.atomic import read_input
-
-    p = Path(path)
-    where = printable(path)
-    data = read_input(p, "--matrix", MAX_MATRIX_BYTES)
-    try:
-        obj = tomllib.loads(data.decode())
-    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8,
-        # or an integer over Python's 4300-digit conversion limit
-        raise UserError(f"--matrix: '{where}' is not valid TOML ({printable(exc)})") from None
-    base = Path(os.path.realpath(p)).parent
-    top = {k: v for k, v in obj.items() if k not in ("space", "entry")}
-    common = {**_settings(top, where, base, (*_settings_keys(), "space", "entry")),
-              **_settings(obj.get("space", {}), f"{where}: space", base, _settings_keys())}
-    entries = obj.get("entry")
-    if not isinstance(entries, list) or not entries:
-        raise UserError(f"{where}: no [[entry]] tables; each lists models, contexts, slos, gpus and policies")
-    tasks: list[RegenTask] = []
-    names: dict[str, str] = {}
-    for e_i, entry in enumerate(entries):
-        for name, req, label in _entry_tasks(entry, f"{where}: entry {e_i + 1}", common, base):
-            if name in names:
-                raise UserError(f"{where}: {label} duplicates {names[name]} (both write {name})")
-            names[name] = label
-            tasks.append(RegenTask(name=name, request=req))
-    return tasks
 
 
 # ----------------------------------------------------------------------------- regen
@@ -594,162 +455,3 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
                 else:
                     files.append(FileChange(stale.name, "stale", "not in the matrix"))
     return RegenReport(executor.name, len(tasks), files, hysteresis)
-
-
-# ----------------------------------------------------------------------------- files in --out
-#
-# The rule (docs/regen.md): regen writes only plain files directly inside --out and never
-# through a link. A symlink, folder, FIFO or device where its cache record or an entry's
-# file goes is refused up front, before any planning, with one line naming it; a link that
-# appears during the run is replaced itself (write_atomic without following links), so a
-# committed `plans/x.json -> /etc/passwd` can never make regen write outside --out. Existing
-# files are read without following a link and without blocking, and at most MAX_OWN_BYTES.
-
-MAX_OWN_BYTES = 64 << 20  # a plan file or the cache record is far smaller
-
-
-def _own_file_problem(path: Path) -> str | None:
-    """Why regen may not write ``path`` (words after the path), None when it may."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"cannot be checked ({exc.strerror or exc})"
-    if stat.S_ISLNK(st.st_mode):
-        try:
-            target = printable(os.readlink(path))
-        except OSError:
-            target = "?"
-        return (f"is a symlink (to '{target}'); regen writes only plain files inside --out, never through "
-                "a link (remove it)")
-    if not stat.S_ISREG(st.st_mode):
-        from opweave_planner.atomic import kind_of
-
-        return f"exists and is not a file ({kind_of(st.st_mode)}; remove it)"
-    if not os.access(path, os.R_OK | os.W_OK):
-        return "is not readable and writable (permission denied)"
-    return None
-
-
-def check_own_file(path: Path, what: str) -> None:
-    """One line naming ``what`` when regen may not write ``path`` (see the rule above)."""
-    problem = _own_file_problem(path)
-    if problem:
-        raise UserError(f"--out: {what}: '{printable(path)}' {problem}")
-
-
-def _write_own(path: Path, data: bytes) -> None:
-    """Atomically, replacing a link itself rather than writing through it."""
-    from opweave_planner.atomic import write_atomic
-
-    write_atomic(path, data, field="--out", follow_symlinks=False)
-
-
-# what regen last wrote into --out, per file: the entry's input fingerprint and the file's sha256
-CACHE_FILE = ".opweave-regen-cache"
-
-
-@functools.lru_cache(maxsize=1)
-def code_hash() -> str:
-    """sha256 of the installed package (code and shipped data): a new release, or any edit,
-    re-plans every entry."""
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".nbi", ".nbc"):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
-
-
-def fingerprint(req, hysteresis: float = 0.0) -> str:
-    """Everything a plan depends on: the code, the request, and the content of every input it
-    reads (model file, the searched GPU types' catalog entries, prices and profile files, the
-    network, a workload file). Equal fingerprints give equal plan bytes."""
-    from types import SimpleNamespace
-
-    from opweave_planner.compile import hardware_for
-    from opweave_planner.inputs.model import load_model
-    from opweave_planner.plan import provenance
-
-    prov = provenance(hardware_for(req), SimpleNamespace(model=load_model(req.model)), req.gpus, req.profiles,
-                      req.backend)
-    parts = [code_hash(), req.model_dump_json(), prov.model_dump_json(), repr(float(hysteresis))]
-    if req.workload is not None and Path(req.workload).is_file():
-        parts.append(_stream_sha(Path(req.workload)))
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-def _stream_sha(path: Path) -> str:
-    """sha256 of an input of any size (a trace may be gigabytes), read in chunks; a file that
-    cannot be read gives a value no readable file has (planning it then fails anyway)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except (OSError, ValueError):
-        return "unreadable"
-    h = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return "not a regular file"
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    except OSError:
-        return "unreadable"
-    return h.hexdigest()
-
-
-def _file_sha(path: Path) -> str | None:
-    data = _previous(path)
-    return None if data is None else hashlib.sha256(data).hexdigest()
-
-
-def _load_cache(out: Path) -> dict:
-    """The record as written, or {} when it is missing or unreadable (garbage, nested too deep,
-    too big): then every entry is simply re-planned and the record rewritten."""
-    data = _previous(out / CACHE_FILE)
-    try:
-        cache = orjson.loads(data) if data else {}
-    except (orjson.JSONDecodeError, RecursionError):
-        return {}
-    return cache if isinstance(cache, dict) else {}
-
-
-def _record(seen: Any) -> dict | None:
-    """One file's cache record with every field of the type regen wrote, or None. The record
-    may have been edited by anyone who can write --out: its note is shown only made printable,
-    a premium only as a finite number."""
-    if not isinstance(seen, dict):
-        return None
-    fp, sha = seen.get("fingerprint"), seen.get("sha256")
-    if not (isinstance(fp, str) and isinstance(sha, str)):
-        return None
-    pct = seen.get("premium_pct")
-    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or pct != pct or abs(pct) == float("inf"):
-        pct = None
-    note = seen.get("note")
-    return {"fingerprint": fp, "sha256": sha, "kept": seen.get("kept") is True,
-            "premium_pct": None if pct is None else float(pct),
-            "note": printable(note)[:500] if isinstance(note, str) else ""}
-
-
-def _previous(path: Path) -> bytes | None:
-    """The bytes a file in --out holds now, None when there is none regen could have written:
-    missing, a link, not a regular file (never opened, so a FIFO never blocks), unreadable or
-    over MAX_OWN_BYTES."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_OWN_BYTES:
-            return None
-        fd = os.open(path, flags)
-    except (OSError, ValueError):
-        return None
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return None
-            data = fh.read(MAX_OWN_BYTES + 1)
-    except OSError:
-        return None
-    return data if len(data) <= MAX_OWN_BYTES else None

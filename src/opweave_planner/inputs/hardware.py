@@ -22,9 +22,7 @@ from typing import Annotated, Any
 import orjson
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     ValidationError,
     field_validator,
 )
@@ -32,6 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from opweave_planner.data import profiles_root, shipped_dir
 from opweave_planner.errors import UserError, printable
+from opweave_planner.frozen import Frozen
 
 GIB = 1 << 30
 TIB = 1 << 40
@@ -143,11 +142,7 @@ DEFAULT_OTHER_MEMORY_BYTES = int(3.5 * GIB)
 DEFAULT_NCCL_MEMORY_BYTES = {"1": 0, "2": 358612992, "4": 411041792, "8": 411041792}
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SystemSpec(_Frozen):
+class SystemSpec(Frozen):
     """`profiles/<gpu>/system.json`: measured hardware facts. Bandwidths GB/s (1e9 B/s), peaks TFLOPS."""
 
     format_version: int
@@ -165,7 +160,7 @@ class SystemSpec(_Frozen):
     pcie_bandwidth_gbps: Link | None = None
     p2p_latency_us: Micros | None = None
     #: tensor-parallel size (as a string key) -> bytes NCCL keeps per GPU
-    nccl_memory_bytes: Annotated[dict[str, int], AfterValidator(_nccl_checked)] = {}
+    nccl_memory_bytes: Annotated[dict[str, int], AfterValidator(_nccl_checked)] = {}  # noqa: RUF012 (pydantic copies it)
     #: framework/runtime bytes reserved per GPU besides weights, KV and NCCL
     other_memory_bytes: ReserveBytes = 0
     #: fastest measured kernel on this GPU (µs): the floor of any small kernel
@@ -187,7 +182,7 @@ def _compute_dtype(dtype: str) -> str:
     return "bfloat16"
 
 
-class GpuType(_Frozen):
+class GpuType(Frozen):
     """One GPU type as every cost path sees it (see the module docstring for precedence)."""
 
     id: str
@@ -305,7 +300,7 @@ def _read_system(path: Path) -> tuple[SystemSpec, bytes] | None:
     return spec, data
 
 
-class Network(_Frozen):
+class Network(Frozen):
     inter_node_gbps: Link = 32.0
     inter_node_latency_us: Micros = 20.0
     intra_node_latency_us: Micros = 10.0
@@ -315,7 +310,7 @@ class Network(_Frozen):
 NETWORK_FLAGS = {"inter_node_gbps": "--network-bandwidth", "inter_node_latency_us": "--network-latency"}
 
 
-class Hardware(_Frozen):
+class Hardware(Frozen):
     """The catalog in effect (after --catalog additions and --prices overrides)."""
 
     gpus: tuple[GpuType, ...]

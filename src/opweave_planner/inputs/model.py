@@ -22,11 +22,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict
 
 from opweave_planner.atomic import check_input_file
 from opweave_planner.data import shipped_dir
 from opweave_planner.errors import UserError, printable
+from opweave_planner.frozen import Frozen
+from opweave_planner.inputs.hf_cache import (
+    HF_ID,
+    cached_config,
+    cached_ids,
+    hf_hub_cache,
+    repo_id,
+    short_text,
+)
 
 AttentionKind = Literal["full", "sliding", "linear", "mla"]
 
@@ -58,10 +66,6 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILY_DEFAULTS))  # with per-family detai
 
 # Bytes per weight element by storage format; mxfp4 carries one 8-bit scale per 32 values.
 _DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "fp8": 1.0, "mxfp4": 4.25 / 8}
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class AttentionSpec(Frozen):
@@ -462,8 +466,6 @@ def parse_hf_config(raw: Any, name: str, where: str, sha: str = "", source: str 
 
 # ----------------------------------------------------------------------------- finding a config
 
-# A Hugging Face repository id ("org/name", or a legacy bare name) as the hub cache stores it.
-_HF_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 _EXPECTED_MODEL = "a bundled model name, a Hugging Face id or a path to a config.json"
 
 
@@ -493,80 +495,6 @@ def _bundled_by_sha() -> dict[str, str]:
             for p in shipped_dir("models").glob("*.json")}
 
 
-def hf_hub_cache() -> Path:
-    """The local Hugging Face hub cache, located as huggingface_hub does (it is never contacted)."""
-    env = os.environ
-    if env.get("HF_HUB_CACHE"):
-        return Path(env["HF_HUB_CACHE"]).expanduser()
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
-    return Path(home).expanduser() / "hub"
-
-
-def _repo_id(cache_dir_name: str) -> str:
-    return cache_dir_name.removeprefix("models--").replace("--", "/", 1)
-
-
-def _cached_ids() -> list[str]:
-    """The repo ids in the hub cache (only printable ones: they are offered in an error line)."""
-    try:
-        return sorted(_repo_id(p.name) for p in hf_hub_cache().iterdir()
-                      if p.name.startswith("models--") and printable(p.name) == p.name)
-    except OSError:
-        return []
-
-
-def _cached_config(repo_id: str) -> Path | None:
-    """config.json of `repo_id` in the hub cache: the snapshot refs/main names, else the newest.
-
-    Case-insensitive; ties on mtime are broken by path, so the answer is deterministic. None when
-    the repository is not in the cache; a repository there without a usable config.json (a
-    regular file in a snapshot) is an error that says so, not an unknown model.
-    """
-    want = ("models--" + repo_id.replace("/", "--")).lower()
-    try:
-        repos = sorted(p for p in hf_hub_cache().iterdir() if p.name.lower() == want)
-    except OSError:
-        return None
-    best: tuple[bool, int, str] | None = None
-    for repo in repos:
-        main = _ref(repo / "refs" / "main")
-        try:
-            snapshots = list((repo / "snapshots").iterdir())
-        except OSError:
-            continue
-        for snap in snapshots:
-            cfg = snap / "config.json"
-            try:
-                if not stat.S_ISREG(os.stat(cfg).st_mode):
-                    continue
-                key = (snap.name == main, snap.stat().st_mtime_ns, str(cfg))
-            except OSError:
-                continue
-            best = key if best is None or key > best else best
-    if best is None and repos:
-        raise UserError(f"--model: '{_short(repo_id)}' is in the local Hugging Face cache ({repos[0]}) but no "
-                        f"snapshot of it holds a usable config.json (a regular file); nothing is downloaded: "
-                        f"fetch it again, or give the config.json's path")
-    return Path(best[2]) if best else None
-
-
-MAX_REF_BYTES = 4096  # refs/main holds one commit hash
-
-
-def _ref(path: Path) -> str | None:
-    """The revision a cache ref names, None when there is none; read through the input check, so
-    a FIFO or device there is refused in one line instead of blocking the read."""
-    from opweave_planner.atomic import read_input
-
-    if not os.path.lexists(path):
-        return None
-    return read_input(path, "--model", limit=MAX_REF_BYTES).decode("utf-8", "replace").strip()
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
-
-
 def _file_kind(path: Path, text: str) -> str | None:
     """'file', 'dir' or None (nothing there: a model name or Hub id, perhaps) without opening
     anything; a special file, a dangling link, a loop or a bad path on the way is refused by the
@@ -583,20 +511,20 @@ def _file_kind(path: Path, text: str) -> str | None:
         if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
             return "file" if stat.S_ISREG(mode) else "dir"
     check_input_file(path, "--model")  # raises with the reason
-    raise UserError(f"--model: '{_short(text)}' is not a regular file; expected a config.json")
+    raise UserError(f"--model: '{short_text(text)}' is not a regular file; expected a config.json")
 
 
 def _unknown(text: str) -> UserError:
     names = bundled_models()
-    ids = sorted({i for v in bundled_hf_ids().values() for i in v} | set(_cached_ids()))
+    ids = sorted({i for v in bundled_hf_ids().values() for i in v} | set(cached_ids()))
     by_lower = {p.lower(): p for p in names + ids}
     close = difflib.get_close_matches(text.lower(), list(by_lower), n=3, cutoff=0.5)
     hint = (f"did you mean {', '.join(by_lower[c] for c in close)}?" if close
             else f"expected {_EXPECTED_MODEL}; bundled: {', '.join(names)}")
     where = ""
-    if "/" in text and _HF_ID.fullmatch(text):
+    if "/" in text and HF_ID.fullmatch(text):
         where = f" (not bundled and not in the local Hugging Face cache {hf_hub_cache()}; nothing is downloaded)"
-    return UserError(f"--model: unknown model '{_short(text)}'{where}; {hint}")
+    return UserError(f"--model: unknown model '{short_text(text)}'{where}; {hint}")
 
 
 def _locate(text: str) -> tuple[Path, str | None, str]:
@@ -608,9 +536,9 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
     if not text.strip():
         raise UserError(f"--model: empty; expected {_EXPECTED_MODEL}")
     if "\0" in text:
-        raise UserError(f"--model: {_short(text)!r} contains a NUL character; expected {_EXPECTED_MODEL}")
+        raise UserError(f"--model: {short_text(text)!r} contains a NUL character; expected {_EXPECTED_MODEL}")
     if printable(text) != text:  # the file's name becomes the model's, written into plans and scripts
-        raise UserError(f"--model: {_short(text)!r} holds a control character (a newline, ...); expected "
+        raise UserError(f"--model: {short_text(text)!r} holds a control character (a newline, ...); expected "
                         f"{_EXPECTED_MODEL} as one line of printable text: rename the file")
     path = Path(text)
     with contextlib.suppress(RuntimeError):  # ~user of an unknown user: taken literally
@@ -619,22 +547,22 @@ def _locate(text: str) -> tuple[Path, str | None, str]:
     if kind == "dir":
         inner = path / "config.json"
         if _file_kind(inner, text) != "file":
-            raise UserError(f"--model: '{_short(text)}' is not a regular file (a directory without "
+            raise UserError(f"--model: '{short_text(text)}' is not a regular file (a directory without "
                             "config.json); expected a config.json or a folder holding one")
         return inner, None, os.path.abspath(inner)
     if kind == "file":
         return path, None, os.path.abspath(path)
-    if path.suffix.lower() == ".json" or text.startswith(("/", ".", "~")) or not _HF_ID.fullmatch(text):
+    if path.suffix.lower() == ".json" or text.startswith(("/", ".", "~")) or not HF_ID.fullmatch(text):
         if os.sep in text or path.suffix.lower() == ".json":
-            raise UserError(f"--model: file '{_short(text)}' does not exist")
+            raise UserError(f"--model: file '{short_text(text)}' does not exist")
         raise _unknown(text)
     name = _bundled_names().get(text.lower())
     if name is not None:
         return shipped_dir("models") / f"{name}.json", name, text
-    cfg = _cached_config(text)
+    cfg = cached_config(text)
     if cfg is None:
         raise _unknown(text)
-    return cfg, _repo_id(cfg.parts[-4]), text
+    return cfg, repo_id(cfg.parts[-4]), text
 
 
 def _read(path: Path, where: str) -> bytes:
@@ -665,7 +593,7 @@ def _derive_name(path: str, raw: Any, sha: str) -> str:
     p = Path(path)
     if p.name == "config.json" and len(p.parts) >= 4 and p.parts[-3] == "snapshots" \
             and p.parts[-4].startswith("models--"):
-        return _repo_id(p.parts[-4])
+        return repo_id(p.parts[-4])
     if p.name != "config.json":
         return f"{p.stem}-{sha[:8]}" if p.stem.lower() in _bundled_names() else p.stem
     text = raw.get("text_config") if isinstance(raw, dict) else None

@@ -13,8 +13,9 @@ from __future__ import annotations
 import types
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, create_model
 
+from opweave_planner.frozen import Frozen
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.plan.request import SPACE, SPACE_ROWS, Recorded
 
@@ -29,9 +30,9 @@ SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
 
-class _Frozen(BaseModel):
+class _Frozen(Frozen):
     # floats must be finite everywhere (JSON has no NaN/inf; a writer must not emit null)
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
 
 # strict field types: `true` is not 1 and "3" is not 3 in a plan file

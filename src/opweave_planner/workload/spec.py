@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Annotated, Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from opweave_planner.errors import UserError
+from opweave_planner.frozen import Frozen
 from opweave_planner.workload.traces import suffixes
 
 __all__ = [
@@ -84,11 +85,7 @@ def parse_quantile(value: str | float, field: str = "--kv-quantile") -> float:
 # --------------------------------------------------------------------------- specs
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class LengthLaw(_Frozen):
+class LengthLaw(Frozen):
     """A length law on the integers: ``fixed`` (the mean itself), ``geometric`` on {1, 2, ...}
     with the given mean, or ``lognormal`` with the given mean and coefficient of variation,
     rounded to the nearest integer (and at least the law's minimum: 0 for prompts, 1 for
@@ -146,14 +143,14 @@ class LengthLaw(_Frozen):
         return out
 
 
-class FixedContextSpec(_Frozen):
+class FixedContextSpec(Frozen):
     """``--ctx``: every resident request at exactly this context (today's behaviour)."""
 
     kind: Literal["fixed"] = "fixed"
     context: int = Field(gt=0)
 
 
-class _Shaped(_Frozen):
+class _Shaped(Frozen):
     scale_ctx: int | None = Field(default=None, gt=0)
     max_model_len: int | None = Field(default=None, gt=1)
     overflow: Overflow = "clip"
