@@ -209,7 +209,7 @@ def check_internal(plan: Plan, where: str) -> None:
 
 def _check_figures(plan: Plan, bad) -> None:
     """Prices, network and per-stage hand-offs: the numbers simulate re-evaluates with."""
-    from opweave_planner.inputs.hardware import Network
+    from opweave_planner.inputs.hardware import Network, bounds_text, first_error, within
 
     net = plan.provenance.network
     unknown = sorted(set(net) - set(Network.model_fields))
@@ -218,7 +218,14 @@ def _check_figures(plan: Plan, bad) -> None:
                   f"{', '.join(Network.model_fields)}")
     if "inter_node_gbps" in net and not net["inter_node_gbps"] > 0:
         raise bad(f"provenance.network.inter_node_gbps is {net['inter_node_gbps']:g}; a bandwidth must be > 0")
+    try:  # the physical ranges a catalog's network must keep (simulate rebuilds it from these)
+        Network(**net)
+    except ValidationError as exc:
+        raise bad(f"provenance.network.{first_error(exc)}") from None
     prices = plan.provenance.prices_usd_per_gpu_hour
+    for gid, usd in prices.items():  # the range a catalog's price must keep
+        if not within("price", usd):
+            raise bad(f"provenance.prices_usd_per_gpu_hour.{gid} is {usd:g}; expected {bounds_text('price')}")
     for o in plan.owners:
         if o.gpu not in prices:
             raise bad(f"owners[{o.index}].gpu '{o.gpu}' has no price in provenance.prices_usd_per_gpu_hour")
