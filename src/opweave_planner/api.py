@@ -14,7 +14,7 @@ from opweave_planner.inputs import request, units
 from opweave_planner.inputs.hardware import Hardware, load_hardware
 from opweave_planner.inputs.model import ModelSpec, load_model
 from opweave_planner.inputs.request import PlanRequest
-from opweave_planner.plan import SCHEMA_MAJOR, Binding, Infeasible, Outcome, Status, rounded
+from opweave_planner.plan import Binding, Infeasible, Outcome, Status, rounded
 from opweave_planner.structure.blocks import detect_blocks
 from opweave_planner.structure.operators import OperatorSequence, build_sequence
 from opweave_planner.structure.templates import count_templates
@@ -132,13 +132,10 @@ def make_request(model=None, slo=None, ctx=None, **values) -> PlanRequest:
     return resolve_request(request.make_request(model=model, slo=slo, ctx=ctx, **values))
 
 
-INFEASIBLE_MINOR = 6  # the record's binding and lowest_tpot_ms keys
-
-
 def _infeasible(ctx, jobs: int, stats) -> Infeasible:
     """The record of a request no plan meets, naming the binding constraint (ctx: the compiled
     request): a search without the SLO tells whether memory or the SLO binds."""
-    from opweave_planner.plan import Infeasible, Workload, schema_version_for, workload_record
+    from opweave_planner.plan import Workload, infeasible_version, workload_record
     from opweave_planner.search.driver import run_search
 
     req = ctx.request
@@ -164,9 +161,7 @@ def _infeasible(ctx, jobs: int, stats) -> Infeasible:
         reason = (f"the lowest achievable {what} is {lowest:.1f} ms > SLO {req.slo_ms:g} ms "
                   f"(policy {req.policy.value}, GPUs {','.join(req.gpus)})")
     dist = workload_record(req, ctx)
-    version = schema_version_for(stats.space, distribution=dist)
-    version = f"{SCHEMA_MAJOR}.{max(int(version.split('.')[1]), INFEASIBLE_MINOR)}"
-    return Infeasible(schema_version=version, model=ctx.seq.model.name,
+    return Infeasible(schema_version=infeasible_version(stats.space, dist), model=ctx.seq.model.name,
                       workload=Workload(context_tokens=ctx.context_tokens, tpot_slo_ms=req.slo_ms,
                                         distribution=dist),
                       policy=str(req.policy.value), reason=reason, binding=binding.value,

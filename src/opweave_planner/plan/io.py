@@ -15,7 +15,8 @@ from opweave_planner.atomic import write_atomic
 from opweave_planner.plan.request import SPACE, SPACE_ROWS
 from opweave_planner.plan.schema import SCHEMA_MAJOR, Distribution, SpaceOut
 
-__all__ = ["dumps", "rounded", "plan_bytes", "write_atomic", "schema_version_for", "distribution_minor"]
+__all__ = ["dumps", "rounded", "plan_bytes", "write_atomic", "schema_version_for", "distribution_minor",
+           "infeasible_version"]
 
 # search.space keys added after 1.0, with the MINOR that introduced them (from the table)
 _MINOR_KEYS = tuple((r.at.removeprefix(SPACE), r.since) for r in SPACE_ROWS if r.since)
@@ -59,3 +60,12 @@ def schema_version_for(space: SpaceOut, alternatives: bool = False,
         if getattr(space, key) is not None:
             minor = max(minor, since)
     return f"{SCHEMA_MAJOR}.{minor}"
+
+
+INFEASIBLE_MINOR = 6  # an infeasibility record's binding and lowest_tpot_ms keys
+
+
+def infeasible_version(space: SpaceOut, distribution: Distribution | None = None) -> str:
+    """The version an infeasibility record is stamped with: it carries the 1.6 keys."""
+    minor = int(schema_version_for(space, distribution=distribution).split(".")[1])
+    return f"{SCHEMA_MAJOR}.{max(minor, INFEASIBLE_MINOR)}"
