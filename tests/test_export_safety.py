@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import GOLDEN, TINY, assert_one_line_error, run_cli
+from conftest import AFD_PLAN, GOLDEN, TINY, assert_one_line_error, run_cli
 
 from opweave_planner.errors import InternalError, UserError
 from opweave_planner.export import MANIFEST, TARGETS, build, export_plan, write
@@ -493,4 +493,17 @@ def test_llmd_refuses_a_weights_path(tmp_path):
     ran = run_cli("export", _replicated(tmp_path, 1), "--to", "llm-d", "--out", tmp_path / "o",
                   "--model-id", "/models/x")
     assert_one_line_error(ran, 2, "--model-id:")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("owners", [None, 3, "x", {"a": 1}])
+def test_a_malformed_alternative_is_no_crash_when_a_refusal_looks_for_one(tmp_path, owners):
+    """A refusal scans the file's alternatives for one the target can run; a lenient read must
+    survive any shape there (owners: null crashed with exit 4)."""
+    doc = json.loads(AFD_PLAN.read_bytes())
+    doc["alternatives"] = {"colocated": {"plan": {"num_stages": 1, "owners": owners}}}
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    ran = run_cli("export", plan, "--to", "vllm", "--out", tmp_path / "o")
+    assert ran.code == 3, ran.err
     assert not (tmp_path / "o").exists()

@@ -25,8 +25,9 @@ ROUTER = "vllm-router"  # vllm-project/router, PyPI vllm-router 0.1.17 (vllm_rou
 
 def fits(plan_dict, name: str) -> bool:
     """Can vLLM run this alternative? Only colocated ones (one stage, one owner)."""
-    if plan_dict is not None:
-        return plan_dict.get("num_stages") == 1 and len(plan_dict.get("owners", [])) == 1
+    if plan_dict is not None:  # read leniently from the file: any shape may be there
+        owners = plan_dict.get("owners")
+        return plan_dict.get("num_stages") == 1 and isinstance(owners, list) and len(owners) == 1
     return name == "colocated"
 
 
