@@ -89,12 +89,15 @@ def fingerprint(req, hysteresis: float = 0.0) -> str:
     from opweave_planner.compile import hardware_for
     from opweave_planner.inputs.model import load_model
     from opweave_planner.plan import provenance
+    from opweave_planner.workload.reader import trace_sha256
+    from opweave_planner.workload.spec import named_file
 
     prov = provenance(hardware_for(req), SimpleNamespace(model=load_model(req.model)), req.gpus, req.profiles,
                       req.backend)
     parts = [code_hash(), req.model_dump_json(), prov.model_dump_json(), repr(float(hysteresis))]
-    if req.workload is not None and Path(req.workload).is_file():
-        parts.append(_stream_sha(Path(req.workload)))
+    path = None if req.workload is None else named_file(req.workload)
+    if path is not None:  # a trace's sha256 is cached from the request's own read; a law is small
+        parts.append(trace_sha256(path) or _stream_sha(path))
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -88,7 +88,9 @@ def _length_label(req) -> str:
 
     if req.workload is None:
         return f"ctx{label_tokens(req.ctx)}"
-    stem = Path(req.workload).stem if Path(req.workload).is_file() else req.workload
+    from opweave_planner.workload.spec import named_file
+
+    stem = Path(req.workload).stem if named_file(req.workload) is not None else req.workload
     scale = "" if req.scale_ctx is None else f"-scale{label_tokens(req.scale_ctx)}"
     return _safe(f"wl-{stem}{scale}")
 

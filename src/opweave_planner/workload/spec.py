@@ -9,6 +9,7 @@ be fractional. Specs only: edge.py reads the files they name, shaping.py materia
 from __future__ import annotations
 
 import math
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -22,6 +23,7 @@ from opweave_planner.frozen import Frozen
 from opweave_planner.workload.traces import suffixes
 
 __all__ = [
+    "named_file",
     "LAW_TAIL", "MAX_SUPPORT", "OVERFLOWS", "FixedContextSpec", "LawSpec", "LengthLaw", "TraceSpec",
     "WorkloadSpec", "is_inline_law", "parse_law", "parse_law_file", "parse_overflow", "parse_percentile",
     "parse_quantile",
@@ -293,3 +295,13 @@ def is_inline_law(text: str) -> bool:
     suffix); it is one unless a file of that name exists, which the caller checks where it
     resolves names (the working directory, a matrix's folder)."""
     return ":" in text and not text.lower().endswith((*suffixes(), LAW_SUFFIX))
+
+
+def named_file(text: str | os.PathLike) -> Path | None:
+    """The regular file a --workload value names, else None (an inline law, a missing name, or
+    one the OS cannot even look up: a name over 255 bytes raises on 3.11's is_file)."""
+    try:
+        path = Path(text).expanduser()
+        return path if path.is_file() else None
+    except (OSError, ValueError, RuntimeError):
+        return None
