@@ -43,7 +43,7 @@ FINALS = {
     "under a file": r"a part of the path is a file, not a folder", "long name": r"a name in the path is \d+ bytes",
 }
 FOLDER_FINALS = {**FINALS, "folder": None, "file": REASONS["file"]}  # for a path that names a folder
-# what each argument's own reader is not yet asked to say (see test_input_paths' xfails); a matrix
+# what each argument's own reader is not yet asked to say (test_input_paths' xfail lists); a matrix
 # names a workload by its name beside the matrix, so only kinds that can sit there are drawn
 SKIP = {arg: set(xfails) for arg, (_f, _a, _k, xfails, _r) in ARGS.items()}
 SKIP["matrix workloads"] = {"dev-zero", "dev-null", "socket", "under a file", "long name"}

@@ -4,8 +4,8 @@ flag, the path and the real reason, nothing else on stderr, and nothing blocks (
 never opened). Runs are in-process (conftest.run_cli) in a thread: one that blocks on a
 FIFO is released by opening the FIFO's other end, and then fails.
 
-Cases whose reader lives in a file another change owns are xfail(strict=True) until that
-reader calls atomic.check_input_file / read_input / open_input (each names its reader).
+Each argument's entry can list kinds its reader is not yet asked to say (an xfail, strict); today
+every list is empty: all readers go through atomic.check_input_file / read_input / open_input.
 """
 
 from __future__ import annotations
