@@ -48,7 +48,8 @@ __all__ = [
 
 FORMAT_VERSION = 1
 
-Kind = Literal["gemm", "attention", "mla", "moe", "allreduce"]
+Kind = Literal["gemm", "attention", "mla", "moe", "allreduce", "context_attention", "mla_context",
+               "linear_attention"]
 
 #: kind -> (categorical key fields, continuous axes in grid order)
 KIND_SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -60,6 +61,13 @@ KIND_SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "mla": (("kv_dtype", "gemm_dtype", "n_heads"), ("batch", "kv_len")),
     "moe": (("dtype", "hidden", "inter", "topk", "n_experts", "tp", "ep", "routing"), ("tokens",)),
     "allreduce": (("dtype", "n_gpus"), ("message_bytes",)),
+    # the prefill side: one pass over `seq_len` new tokens per request, no cached prefix
+    "context_attention": (
+        ("kv_dtype", "n_heads", "n_kv_heads", "head_dim", "window"),
+        ("batch", "seq_len"),
+    ),
+    "mla_context": (("kv_dtype", "gemm_dtype", "n_heads"), ("batch", "seq_len")),
+    "linear_attention": (("n_k_heads", "k_dim", "n_v_heads", "v_dim"), ("batch", "seq_len")),
 }
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
