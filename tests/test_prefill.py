@@ -17,7 +17,6 @@ from opweave_planner.latency.tables import load_profile_set
 from opweave_planner.structure.operators import build_sequence
 
 
-
 @pytest.fixture(scope="module")
 def qwen():
     return build_sequence(load_model("qwen3-32b"))

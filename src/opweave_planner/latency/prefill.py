@@ -93,23 +93,21 @@ def _attention_core(kern, op, par: Parallel, segments: list[tuple[int, int, bool
     if a.kind == "linear":
         shard = min(par.tp, a.lin_v_heads)
         nk, nv = max(1, a.lin_k_heads // shard), max(1, a.lin_v_heads // shard)
-        call = lambda b, s: kern.linear_attention(b, nk, a.lin_k_dim, nv, a.lin_v_dim, s)  # noqa: E731
+        call = lambda b, s: kern.linear_attention(b, nk, a.lin_k_dim, nv, a.lin_v_dim, s)
     elif a.kind == "mla":
         nh = max(1, a.n_heads // par.tp)
-        call = lambda b, s: kern.mla_context(b, nh, s)  # noqa: E731
+        call = lambda b, s: kern.mla_context(b, nh, s)
     else:
         nh, nkv, hd = sharded_attention(op, par.tp)
         window = a.window or 0
-        call = lambda b, s: kern.context_attention(b, nh, nkv, hd, s, window)  # noqa: E731
+        call = lambda b, s: kern.context_attention(b, nh, nkv, hd, s, window)
     if one_pass:  # every prompt whole and equal: one batched call
         lat, src = call(float(len(segments)), np.array([segments[0][0]], dtype=np.float64))
         return [(lat, src)]
     total, worst = np.zeros(1), np.zeros(1, np.int8)
     for new, prefix, _ in segments:
         lat, src = call(1.0, np.array([new, prefix + new, max(prefix, 1)], dtype=np.float64))
-        if prefix == 0:
-            t = lat[0]
-        elif a.kind == "linear":  # a recurrent state: the chunk costs a pass over itself
+        if prefix == 0 or a.kind == "linear":
             t = lat[0]
         else:
             t = max(lat[1] - lat[2], lat[0])

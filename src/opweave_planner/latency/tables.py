@@ -33,8 +33,10 @@ from opweave_planner.inputs.hardware import SystemSpec
 from opweave_planner.latency.monotone import KEEP_TOL, robust_monotone
 
 __all__ = [
+    "DECODE_KINDS",
     "FORMAT_VERSION",
     "KIND_SCHEMA",
+    "PREFILL_KINDS",
     "GridTable",
     "ProfileSet",
     "SystemSpec",
@@ -69,6 +71,11 @@ KIND_SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "mla_context": (("kv_dtype", "gemm_dtype", "n_heads"), ("batch", "seq_len")),
     "linear_attention": (("n_k_heads", "k_dim", "n_v_heads", "v_dim"), ("batch", "seq_len")),
 }
+
+#: the families a decode plan reads (its profiles fingerprint covers these files only) and the
+#: prefill side's, which a decode plan never reads
+DECODE_KINDS = ("gemm", "attention", "mla", "moe", "allreduce")
+PREFILL_KINDS = ("context_attention", "mla_context", "linear_attention")
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 

@@ -11,6 +11,7 @@ from enum import IntEnum
 
 from opweave_planner import __version__
 from opweave_planner.data import profiles_root
+from opweave_planner.latency.tables import DECODE_KINDS
 from opweave_planner.plan.io import dumps, rounded, schema_version_for
 from opweave_planner.plan.request import space_values
 from opweave_planner.plan.schema import (
@@ -41,7 +42,9 @@ def profiles_hash(profiles_dir: str | None, gpus: list[str], backend: str) -> st
     h = hashlib.sha256()
     for gid in sorted(set(gpus)):
         folder = root / gid
-        for p in sorted(folder.glob("*.json")) + sorted((folder / backend).glob("*.json")):
+        # the decode tables only: adding the prefill side's files changes no decode plan
+        tables = sorted(p for p in (folder / backend).glob("*.json") if p.stem in DECODE_KINDS)
+        for p in sorted(folder.glob("*.json")) + tables:
             h.update(p.relative_to(root).as_posix().encode())
             h.update(p.read_bytes())
     return h.hexdigest()
