@@ -28,6 +28,7 @@ of one batch) per (model, GPU, TP, ISL), batch 1, cached in
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import shutil
@@ -65,29 +66,24 @@ def fits(model: str, gpu: str, tp: int, batch: int, ctx: int) -> bool:
     return need <= usable_bytes(g, tp)
 
 
-def run_aic(aic: str, model_dir: Path, system: str, tp: int, batch: int, ctx: int, moe: bool) -> dict:
+#: estimate mode -> (its figure, that figure's key here, the per-op prefix in --detail time)
+_MODES = {"static_gen": ("TPOT", "tpot_ms", "generation_"), "static_ctx": ("TTFT", "ttft_ms", "context_")}
+
+
+def run_aic(aic: str, model_dir: Path, system: str, tp: int, batch: int, ctx: int, moe: bool,
+            mode: str = "static_gen") -> dict:
+    """aiconfigurator's static estimate: decode TPOT (static_gen) or the TTFT of one context
+    pass (static_ctx), with its per-op split."""
+    figure, key, prefix = _MODES[mode]
     cmd = [aic, "cli", "estimate", "--model-path", str(model_dir), "--system", system,
-           "--backend", "vllm", "--estimate-mode", "static_gen", "--isl", str(ctx), "--osl", "2",
+           "--backend", "vllm", "--estimate-mode", mode, "--isl", str(ctx), "--osl", "2",
            "--batch-size", str(batch), "--tp-size", str(tp), "--detail", "time"]
     if moe:
         cmd += ["--moe-tp-size", str(tp), "--moe-ep-size", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
-    m = re.search(r"TPOT:\s+([\d.]+) ms", out)
-    ops = {name: float(ms) for name, ms in re.findall(r"^\s+generation_(\w+)\s+([\d.]+) ms", out, re.M)}
-    return {"tpot_ms": float(m.group(1)) if m else None, "ops_ms": ops}
-
-
-def run_aic_prefill(aic: str, model_dir: Path, system: str, tp: int, batch: int, isl: int, moe: bool) -> dict:
-    """aiconfigurator's static context-phase estimate: TTFT of one pass and its per-op split."""
-    cmd = [aic, "cli", "estimate", "--model-path", str(model_dir), "--system", system,
-           "--backend", "vllm", "--estimate-mode", "static_ctx", "--isl", str(isl), "--osl", "2",
-           "--batch-size", str(batch), "--tp-size", str(tp), "--detail", "time"]
-    if moe:
-        cmd += ["--moe-tp-size", str(tp), "--moe-ep-size", "1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
-    m = re.search(r"TTFT:\s+([\d.]+) ms", out)
-    ops = {name: float(ms) for name, ms in re.findall(r"^\s+context_(\w+)\s+([\d.]+) ms", out, re.M)}
-    return {"ttft_ms": float(m.group(1)) if m else None, "ops_ms": ops}
+    m = re.search(rf"{figure}:\s+([\d.]+) ms", out)
+    ops = {name: float(ms) for name, ms in re.findall(rf"^\s+{prefix}(\w+)\s+([\d.]+) ms", out, re.M)}
+    return {key: float(m.group(1)) if m else None, "ops_ms": ops}
 
 
 def prefill_fits(model: str, gpu: str, tp: int, batch: int, isl: int) -> bool:
@@ -95,21 +91,24 @@ def prefill_fits(model: str, gpu: str, tp: int, batch: int, isl: int) -> bool:
     return fits(model, gpu, tp, batch, isl)
 
 
+def _model_dirs(tmp: str):
+    """(model, its config folder for aiconfigurator, whether it is MoE) for every compared model."""
+    for model in MODELS:
+        mdir = Path(tmp) / model
+        mdir.mkdir()
+        (mdir / "config.json").write_bytes((shipped_dir("models") / f"{model}.json").read_bytes())
+        yield model, mdir, any(op.kind == "moe_up" for op in build_sequence(load_model(model)).ops)
+
+
 def collect_prefill(aic: str, cache: dict, batch: int = 1) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        for model in MODELS:
-            mdir = Path(tmp) / model
-            mdir.mkdir()
-            (mdir / "config.json").write_bytes((shipped_dir("models") / f"{model}.json").read_bytes())
-            moe = any(op.kind == "moe_up" for op in build_sequence(load_model(model)).ops)
-            for gpu, system in GPUS.items():
-                for tp in PREFILL_TPS:
-                    for isl in PREFILL_ISLS:
-                        key = f"{model}|{gpu}|{tp}|{batch}|{isl}"
-                        if key in cache or not prefill_fits(model, gpu, tp, batch, isl):
-                            continue
-                        cache[key] = {"aic": run_aic_prefill(aic, mdir, system, tp, batch, isl, moe)}
-                        PREFILL_CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        for model, mdir, moe in _model_dirs(tmp):
+            for (gpu, system), tp, isl in itertools.product(GPUS.items(), PREFILL_TPS, PREFILL_ISLS):
+                key = f"{model}|{gpu}|{tp}|{batch}|{isl}"
+                if key in cache or not prefill_fits(model, gpu, tp, batch, isl):
+                    continue
+                cache[key] = {"aic": run_aic(aic, mdir, system, tp, batch, isl, moe, "static_ctx")}
+                PREFILL_CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
     return cache
 
 
@@ -123,20 +122,13 @@ def ours(model: str, gpu: str, tp: int, batch: int, ctx: int) -> dict:
 
 def collect(aic: str, cache: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        for model in MODELS:
-            mdir = Path(tmp) / model
-            mdir.mkdir()
-            (mdir / "config.json").write_bytes((shipped_dir("models") / f"{model}.json").read_bytes())
-            moe = any(op.kind == "moe_up" for op in build_sequence(load_model(model)).ops)
-            for gpu, system in GPUS.items():
-                for tp in TPS:
-                    for batch in BATCHES:
-                        for ctx in CONTEXTS:
-                            key = f"{model}|{gpu}|{tp}|{batch}|{ctx}"
-                            if key in cache or not fits(model, gpu, tp, batch, ctx):
-                                continue
-                            cache[key] = {"aic": run_aic(aic, mdir, system, tp, batch, ctx, moe)}
-                            CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        for model, mdir, moe in _model_dirs(tmp):
+            for (gpu, system), tp, batch, ctx in itertools.product(GPUS.items(), TPS, BATCHES, CONTEXTS):
+                key = f"{model}|{gpu}|{tp}|{batch}|{ctx}"
+                if key in cache or not fits(model, gpu, tp, batch, ctx):
+                    continue
+                cache[key] = {"aic": run_aic(aic, mdir, system, tp, batch, ctx, moe)}
+                CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
     return cache
 
 

@@ -120,26 +120,28 @@ class _Kernels:
     def memory_pass(self, b, nbytes, flops):
         return self._roof((b * nbytes, b * flops), b, attention=True)
 
-    def context_attention(self, b, nh, nkv, hd, seq_len, window):
-        """A prefill-attention call: `b` requests of `seq_len` new tokens each, no prefix."""
+    def _prefill(self, table, work, b, seq_len, *shape):
+        """A prefill kernel over `b` requests of `seq_len` new tokens each, no prefix: its table
+        (`table(ps, b, *shape, s)`) when profiled, else the roofline of `work(b, *shape, s)`."""
         s = np.asarray(seq_len, dtype=np.float64)
         if self.ps is not None:
-            return interp.context_attention(self.ps, b, nh, nkv, hd, s, window)
-        return self._roof(rf.context_attention_work(b, nh, nkv, hd, s, window), np.broadcast_to(b, s.shape),
-                          attention=True)
+            return table(self.ps, b, *shape, s)
+        return self._roof(work(b, *shape, s), np.broadcast_to(b, s.shape), attention=True)
+
+    def context_attention(self, b, nh, nkv, hd, seq_len, window):
+        def table(ps, b, nh, nkv, hd, s):
+            return interp.context_attention(ps, b, nh, nkv, hd, s, window)
+
+        def work(b, nh, nkv, hd, s):
+            return rf.context_attention_work(b, nh, nkv, hd, s, window)
+
+        return self._prefill(table, work, b, seq_len, nh, nkv, hd)
 
     def mla_context(self, b, nh, seq_len):
-        s = np.asarray(seq_len, dtype=np.float64)
-        if self.ps is not None:
-            return interp.mla_context(self.ps, b, nh, s)
-        return self._roof(rf.mla_context_work(b, nh, s), np.broadcast_to(b, s.shape), attention=True)
+        return self._prefill(interp.mla_context, rf.mla_context_work, b, seq_len, nh)
 
     def linear_attention(self, b, nk, dk, nv, dv, seq_len):
-        s = np.asarray(seq_len, dtype=np.float64)
-        if self.ps is not None:
-            return interp.linear_attention(self.ps, b, nk, dk, nv, dv, s)
-        return self._roof(rf.linear_attention_work(b, nk, dk, nv, dv, s), np.broadcast_to(b, s.shape),
-                          attention=True)
+        return self._prefill(interp.linear_attention, rf.linear_attention_work, b, seq_len, nk, dk, nv, dv)
 
     def moe(self, b, hidden, inter, topk, experts, tp, ep, dtype):
         if self.ps is not None:

@@ -107,12 +107,12 @@ def _attention_core(kern, op, par: Parallel, segments: list[tuple[int, int, bool
     total, worst = np.zeros(1), np.zeros(1, np.int8)
     for new, prefix, _ in segments:
         lat, src = call(1.0, np.array([new, prefix + new, max(prefix, 1)], dtype=np.float64))
-        if prefix == 0 or a.kind == "linear":
-            t = lat[0]
+        if prefix == 0 or a.kind == "linear":  # a recurrent state: a chunk is a pass over itself
+            t, used = lat[0], src[:1]
         else:
-            t = max(lat[1] - lat[2], lat[0])
+            t, used = max(lat[1] - lat[2], lat[0]), src
         total += t
-        worst = np.maximum(worst, src.max())
+        worst = np.maximum(worst, used.max())
     return [(total, worst)]
 
 
