@@ -41,7 +41,10 @@ def commands(files: dict[str, bytes]) -> list[list[str]]:
     out = []
     for name, data in sorted(files.items()):
         if name.endswith(".sh"):
-            text = re.sub(r"\$\{?(\w+)[^}\s\"]*\}?", "X", data.decode().replace("\\\n", " "))
+            text = data.decode().replace("\\\n", " ")
+            # a variable reads as the default the script gives it, else a stand-in of its kind
+            values = {k: v for k, v in re.findall(r'^(\w+)="\$\{\w+:-([^}]*)\}"', text, re.M) if "$" not in v}
+            text = re.sub(r"\$\{(\w+)[^}]*\}", lambda m, v=values: v.get(m.group(1)) or _stand_in(m.group(1)), text)
             for line in text.splitlines():
                 line = line.removeprefix("exec ").strip()
                 if line.startswith(("vllm ", "python3 -m sglang", "vllm-router ")):
@@ -50,6 +53,10 @@ def commands(files: dict[str, bytes]) -> list[list[str]]:
             for c in _containers(yaml.safe_load(data)):
                 out.append(["vllm", "serve", *c["args"]] if "command" in c else ["vllm", "serve", "MODEL", *c["args"]])
     return out
+
+
+def _stand_in(var: str) -> str:
+    return "10.0.0.1" if var.endswith(("HOST", "ADDRESS")) else "/tmp/sample.jsonl" if var == "SAMPLE" else "1"
 
 
 def _containers(doc) -> list[dict]:
@@ -111,6 +118,9 @@ _PARSE = r'''
 import argparse, json, sys
 jobs, bad = json.load(sys.stdin), []
 def vllm_parsers():
+    import vllm.platforms as platforms  # no GPU here: the parser's DeviceConfig default infers one
+    if not platforms.current_platform.device_type:
+        platforms.current_platform.device_type = "cuda"
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
