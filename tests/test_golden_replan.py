@@ -45,7 +45,7 @@ def _strip(obj: dict, minor: int) -> dict:
     return obj
 
 
-CURRENT = ("1.2", "1.3", "1.4", "1.5", SCHEMA_VERSION)  # what the planner writes today
+CURRENT = ("1.2", "1.3", "1.4", "1.5", "1.6", SCHEMA_VERSION)  # what the planner writes today
 # goldens made with a --catalog (plans record its hash, not its path): re-planned with it
 CATALOGS = {"llama-3.1-8b_afd_h100+a100-reserve5_v1.5.json": GOLDEN / "catalog-reserve.toml"}
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "traces"

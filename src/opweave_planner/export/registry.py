@@ -20,10 +20,10 @@ TARGETS: Mapping[str, Target] = MappingProxyType({t.name: t for t in (
 
 
 def _pins(t: Target) -> str:
-    """'0.10.2, 0.33.0 (default)'; a lone pin is its own default."""
-    if len(t.versions) == 1:
-        return t.versions[0]
-    return ", ".join(f"{v} (default)" if v == t.default_version else v for v in t.versions)
+    """'0.10.2 to 0.33.x (tables 0.10.2, 0.26.0, 0.33.0; default 0.33.0)'."""
+    newest = ".".join(t.versions[-1].split(".")[:2])
+    return (f"{t.versions[0]} to {newest}.x (tables {', '.join(t.versions)}; default "
+            f"{t.default_version})")
 
 
 def to_help() -> str:
@@ -33,11 +33,11 @@ def to_help() -> str:
 
 def version_help() -> str:
     """`--runtime-version`'s help: the pinned releases of each target."""
-    return "Runtime release the files are for; pinned: " + "; ".join(
+    return "Runtime release the files are for: " + "; ".join(
         f"{t.name} {_pins(t)}" for t in TARGETS.values())
 
 
 def docs_table() -> str:
     """The table of targets docs/export.md carries (a test keeps the two equal)."""
     rows = [f"| `{t.name}` | {t.summary} | {_pins(t)} |" for t in TARGETS.values()]
-    return "\n".join(["| `--to` | writes | pinned `--runtime-version` |", "|---|---|---|", *rows])
+    return "\n".join(["| `--to` | writes | `--runtime-version` |", "|---|---|---|", *rows])

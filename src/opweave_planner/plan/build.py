@@ -29,7 +29,7 @@ from opweave_planner.plan.schema import (
     Workload,
 )
 
-__all__ = ["build_plan", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
+__all__ = ["build_plan", "workload_of", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
            "with_alternatives", "tpot_stats", "CriticalResource"]
 
 
@@ -91,7 +91,7 @@ def with_alternatives(plan: Plan, named: dict[str, Plan]) -> Plan:
         tpot_delta_pct=_pct(p.tpot_ms, plan.tpot_ms), num_stages=p.num_stages, gpus_total=p.gpus_total,
         plan=p) for name, p in named.items()}
     return plan.model_copy(update={"alternatives": alts, "schema_version": schema_version_for(
-        plan.search.space, alternatives=True, distribution=plan.workload.distribution)})
+        plan.search.space, alternatives=True, workload=plan.workload)})
 
 
 class CriticalResource(IntEnum):
@@ -181,10 +181,11 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     # a plan always records the price of every GPU it uses, so it reads back
     prov = provenance(ctx.hw, seq, [*search.space.gpus, *(o.gpu for o in owners)], req.profiles, req.backend)
     order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(prob.stage_owner, mu, k)]
+    workload = workload_of(req, ctx.context_tokens, dist)
     return Plan(
-        schema_version=schema_version_for(search.space, alternatives=source is not None, distribution=dist),
+        schema_version=schema_version_for(search.space, alternatives=source is not None, workload=workload),
         model=seq.model.name, model_source=source,
-        workload=Workload(context_tokens=ctx.context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist),
+        workload=workload,
         policy=str(req.policy.value), usd_per_million_tokens=rounded(usd_per_mtok), tpot_ms=rounded(ev.t_rtt / 1e3),
         tpot=None if dist is None else tpot_stats(ev, req.percentile),
         microbatches=mu, global_batch=sel.batch, gpus_total=gpus_total, num_stages=s,
@@ -196,6 +197,16 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
         search=search,
         provenance=prov,
     ), ev
+
+
+def workload_of(req, context_tokens: int, dist: Distribution | None) -> Workload:
+    """The request a plan serves; with --prompt-len / --output-len, the window they make (1.7 keys,
+    absent otherwise so earlier plans keep their bytes)."""
+    window = {}
+    if req.lengths is not None:
+        p, o = req.lengths
+        window = {"prompt_tokens": p, "output_tokens": o, "max_model_len": p + o}
+    return Workload(context_tokens=context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist, **window)
 
 
 def workload_record(req, compiled) -> Distribution | None:

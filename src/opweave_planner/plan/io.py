@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from opweave_planner.atomic import write_atomic
 from opweave_planner.plan.request import SPACE, SPACE_ROWS
-from opweave_planner.plan.schema import SCHEMA_MAJOR, Distribution, SpaceOut
+from opweave_planner.plan.schema import SCHEMA_MAJOR, Distribution, SpaceOut, Workload
 
 __all__ = ["dumps", "rounded", "plan_bytes", "write_atomic", "schema_version_for", "distribution_minor",
            "infeasible_version"]
@@ -46,16 +46,24 @@ def distribution_minor(distribution: Distribution) -> int:
     return 4 if distribution.overflow == "truncate" else 3
 
 
+WINDOW_MINOR = 7  # workload.prompt_tokens / output_tokens / max_model_len
+
+
 def schema_version_for(space: SpaceOut, alternatives: bool = False,
-                       distribution: Distribution | None = None) -> str:
+                       distribution: Distribution | None = None, workload: Workload | None = None) -> str:
     """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction; 1.2:
     alternatives, model_source and the deployment constraints; 1.3: a workload distribution;
-    1.4: its ``overflow`` "truncate"; 1.5: per-GPU memory reserves; `alternatives` says a 1.2
-    key outside the searched space is present; `distribution` is the plan's workload
-    distribution record, or None)."""
+    1.4: its ``overflow`` "truncate"; 1.5: per-GPU memory reserves; 1.7: a fixed context's prompt,
+    output and window; `alternatives` says a 1.2 key outside the searched space is present;
+    `distribution` is the plan's workload distribution record, or None; `workload` the plan's
+    workload, whose distribution it implies)."""
     minor = 2 if alternatives else 1
+    if workload is not None:
+        distribution = workload.distribution
+        if workload.max_model_len is not None:
+            minor = WINDOW_MINOR
     if distribution is not None:
-        minor = distribution_minor(distribution)
+        minor = max(minor, distribution_minor(distribution))
     for key, since in _MINOR_KEYS:
         if getattr(space, key) is not None:
             minor = max(minor, since)
@@ -65,7 +73,8 @@ def schema_version_for(space: SpaceOut, alternatives: bool = False,
 INFEASIBLE_MINOR = 6  # an infeasibility record's binding and lowest_tpot_ms keys
 
 
-def infeasible_version(space: SpaceOut, distribution: Distribution | None = None) -> str:
+def infeasible_version(space: SpaceOut, distribution: Distribution | None = None,
+                       workload: Workload | None = None) -> str:
     """The version an infeasibility record is stamped with: it carries the 1.6 keys."""
-    minor = int(schema_version_for(space, distribution=distribution).split(".")[1])
+    minor = int(schema_version_for(space, distribution=distribution, workload=workload).split(".")[1])
     return f"{SCHEMA_MAJOR}.{max(minor, INFEASIBLE_MINOR)}"

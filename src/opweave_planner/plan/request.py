@@ -45,6 +45,8 @@ TABLE = (
     Recorded("policy", "policy", 0, "policy"),
     Recorded("slo", "workload.tpot_slo_ms", 0, "SLO ms"),
     Recorded("ctx", "workload.context_tokens", 0, "ctx"),
+    Recorded("prompt_len", "workload.prompt_tokens", 7, "prompt-len"),
+    Recorded("output_len", "workload.output_tokens", 7, "output-len"),
     Recorded("workload", _DIST + "workload", 3, "workload"),
     Recorded(None, _DIST + "sha256", 3, "trace sha256"),
     Recorded(None, _DIST + "prompt", 3, "prompt law"),

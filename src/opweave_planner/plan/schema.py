@@ -13,7 +13,7 @@ from __future__ import annotations
 import types
 from typing import Annotated, Literal, get_args
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, create_model
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, create_model, model_validator
 
 from opweave_planner.frozen import Frozen
 from opweave_planner.inputs.request import PlanRequest
@@ -25,7 +25,7 @@ __all__ = [
     "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment",
 ]
 
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -102,6 +102,35 @@ class Workload(_Frozen):
     tpot_slo_ms: float = _f("Time-per-output-token SLO, milliseconds", gt=0)
     distribution: Distribution | None = _f("The request-length workload (absent: every request at "
                                            "context_tokens); added in schema 1.3", default=None)
+    prompt_tokens: StrictInt | None = _f("Prompt tokens of a fixed-context request (--prompt-len); added in "
+                                         "schema 1.7", default=None, ge=1)
+    output_tokens: StrictInt | None = _f("Output tokens of a fixed-context request (--output-len); added in "
+                                         "schema 1.7", default=None, ge=1)
+    max_model_len: StrictInt | None = _f(
+        "Window the runtime admits, prompt + output tokens, apart from the context planned for (what exports "
+        "write as --max-model-len); absent: a workload's distribution.max_model_len, else context_tokens; "
+        "added in schema 1.7", default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _window_is_prompt_plus_output(self) -> Workload:
+        lengths = (self.prompt_tokens, self.output_tokens, self.max_model_len)
+        if any(v is not None for v in lengths):
+            if None in lengths or self.distribution is not None:
+                raise ValueError("workload: prompt_tokens, output_tokens and max_model_len come together, "
+                                 "with a fixed context only")
+            if self.max_model_len != self.prompt_tokens + self.output_tokens:
+                raise ValueError(f"workload.max_model_len {self.max_model_len} is not prompt_tokens + "
+                                 f"output_tokens ({self.prompt_tokens} + {self.output_tokens})")
+        return self
+
+    @property
+    def window(self) -> int:
+        """The longest request (prompt + output) a runtime serving this plan must admit."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        if self.distribution is not None and self.distribution.max_model_len is not None:
+            return self.distribution.max_model_len
+        return self.context_tokens
 
 
 class TpotStats(_Frozen):
