@@ -191,6 +191,8 @@ class KvEvents:
     above: np.ndarray = field(repr=False)
 
     def _index(self, capacity: float) -> int:
+        if not math.isfinite(capacity):  # no context-dependent KV: never crossed
+            return self.nu_up.size - 1 if capacity > 0 else -1
         k = math.floor((capacity - self.base) / self.step + 1e-9)
         return min(max(k, -1), self.nu_up.size - 1)
 
