@@ -16,7 +16,7 @@ import sys
 import time
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from workload_effect import _workload_request  # noqa: E402
+from workload_effect import _workload_request
 
 ROWS = {"gemma-25ms-8k": ("gemma-3-27b", "25ms", "8k"), "gemma-25ms-32k": ("gemma-3-27b", "25ms", "32k"),
         "gemma-60ms-8k": ("gemma-3-27b", "60ms", "8k"), "gemma-60ms-32k": ("gemma-3-27b", "60ms", "32k"),

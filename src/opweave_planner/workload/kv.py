@@ -260,7 +260,7 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
     p_fin = min(1.0, 1.0 / e_d) if e_d > 0 else 1.0
     grid = int(min(65536, max(256, total_grid // n)))
     step = max(1.0, (hi - lo) / (grid - 1))
-    grid = int(math.floor((hi - lo) / step + 0.5)) + 1
+    grid = math.floor((hi - lo) / step + 0.5) + 1
 
     def binned(w: np.ndarray) -> np.ndarray:
         c = np.arange(w.size)
@@ -274,7 +274,7 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
     cont = np.clip(cont, 0.0, None) if p_fin < 1.0 else cont
     w1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
     shift_tok = 1.0 / step  # one token of growth, in bins
-    size = n * (grid - 1) + int(math.ceil(n * shift_tok)) + 3
+    size = n * (grid - 1) + math.ceil(n * shift_tok) + 3
     nfft = next_fast_len(size, real=True)
     ms = np.arange(n + 1)
     bm = binom.pmf(ms, n, p_fin)
@@ -285,7 +285,7 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
     power = w_hat ** (n - m_hi)
     for m in range(m_hi, m_lo - 1, -1):
         s = (n - m) * shift_tok
-        span = m * (grid - 1) + int(math.ceil(s)) + 2
+        span = m * (grid - 1) + math.ceil(s) + 2
         x = np.arange(span, dtype=np.float64)
         if m == 0:
             g_f = np.ones(span)
