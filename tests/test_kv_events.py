@@ -107,7 +107,7 @@ def test_a_looser_target_never_reserves_more():
             assert ev.per_request(r) <= t and ev.per_request(r + ev.step * 3) <= t
 
 
-def test_a_larger_preemption_target_never_raises_cost_and_the_plan_says_so():
+def test_a_larger_preemption_target_never_raises_cost_and_the_plan_says_so(tmp_path):
     small = dict(model="llama-3.1-8b", gpus="h100", batches="8,16,32,64", max_replicas=2, max_owners=1,
                  tensor_parallel_sizes="1", slo="30ms", workload=str(TRACES / "azure-conv-sample.csv"),
                  scale_ctx="8k")
@@ -121,6 +121,16 @@ def test_a_larger_preemption_target_never_raises_cost_and_the_plan_says_so():
             assert e.per_request_at_reserve <= t * (1 + 1e-9)
             assert e.per_request_at_usable <= e.per_request_at_reserve or e.per_request_at_usable <= t
             assert e.share_above_usable <= e.share_above_reserve <= 1 - 0.999 + 1e-12
+    from conftest import run_cli
+
+    from opweave_planner.plan import plan_bytes
+    from opweave_planner.report import summary_lines
+
+    assert any("forced preemptions per request at the usable memory" in line for line in summary_lines(plans[1]))
+    path = tmp_path / "plan.json"
+    path.write_bytes(plan_bytes(plans[1]))
+    ran = run_cli("simulate", path)
+    assert ran.code == 0 and "KV overflow:" in ran.out and "at the usable memory" in ran.out, ran.out
 
 
 def test_the_target_is_checked_at_the_edge():
