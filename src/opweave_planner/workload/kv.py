@@ -173,6 +173,8 @@ def kv_sum_quantile(
     return float(min(hi, max(lo, n * m + z * math.sqrt(n * var))))
 
 
+#: fewest bins of one request's context law: a sum of n such is far wider than a bin
+EVENT_MIN_BINS = 256
 #: binomial mass of finishing counts left out of the event sum (far below any target)
 EVENT_TAIL = 1e-15
 
@@ -247,7 +249,7 @@ def kv_events(workload: ContextLaw, n_requests: int, grid: int = KV_GRID) -> KvE
 @lru_cache(maxsize=256)
 def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
     from scipy.fft import irfft, next_fast_len, rfft
-    from scipy.stats import binom
+    from scipy.special import gammaln
 
     from opweave_planner.workload.shaping import request_ends
 
@@ -258,7 +260,7 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
     lo = min(lo_c, int(np.flatnonzero(arrive > 0)[0]), int(np.flatnonzero(last > 0)[0]))
     hi = max(hi_c, arrive.size - 1, last.size - 1)
     p_fin = min(1.0, 1.0 / e_d) if e_d > 0 else 1.0
-    grid = int(min(65536, max(256, total_grid // n)))
+    grid = int(min(65536, max(EVENT_MIN_BINS, total_grid // n)))
     step = max(1.0, (hi - lo) / (grid - 1))
     grid = math.floor((hi - lo) / step + 0.5) + 1
 
@@ -277,12 +279,19 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
     size = n * (grid - 1) + math.ceil(n * shift_tok) + 3
     nfft = next_fast_len(size, real=True)
     ms = np.arange(n + 1)
-    bm = binom.pmf(ms, n, p_fin)
+    if p_fin >= 1.0:  # every slot finishes every step (one-token outputs)
+        bm = (ms == n).astype(np.float64)
+    else:  # Binomial(n, p_fin), in logs (scipy.stats costs a second to import)
+        bm = np.exp(gammaln(n + 1.0) - gammaln(ms + 1.0) - gammaln(n - ms + 1.0)
+                    + ms * math.log(p_fin) + (n - ms) * math.log1p(-p_fin))
     keep = np.flatnonzero(bm > EVENT_TAIL * bm.max())
     m_lo, m_hi = int(keep[0]), int(keep[-1])
-    w_hat = rfft(w1, nfft)
-    acc = np.zeros(nfft // 2 + 1, dtype=np.complex128)
-    power = w_hat ** (n - m_hi)
+    # sum_m b_m W^(n-m) h_m = W^(n-m_hi) * [sum_m b_m W^(m_hi-m) h_m]: the bracket is short (at
+    # most m_hi + 1 slots wide), so it takes small FFTs, and the long one is done once
+    small = next_fast_len(m_hi * (grid - 1) + math.ceil(n * shift_tok) + 3, real=True)
+    w_small = rfft(w1, small)
+    acc = np.zeros(small // 2 + 1, dtype=np.complex128)
+    power = np.ones_like(acc)
     for m in range(m_hi, m_lo - 1, -1):
         s = (n - m) * shift_tok
         span = m * (grid - 1) + math.ceil(s) + 2
@@ -299,9 +308,10 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
             tail = np.clip(1.0 - np.cumsum(sa) / sa.sum(), 0.0, 1.0)  # P(A > k)
             surv_a = np.interp(x - s, np.arange(-1, tail.size), np.concatenate([[1.0], tail]),
                                left=1.0, right=0.0)
-        h_m = g_f * surv_a
-        acc += bm[m] * power * rfft(h_m, nfft)
-        power = power * w_hat
+        acc += bm[m] * power * rfft(g_f * surv_a, small)
+        power = power * w_small
+    inner = irfft(acc, small)
+    acc = rfft(w1, nfft) ** (n - m_hi) * rfft(inner, nfft)
     nu = np.clip(irfft(acc, nfft)[:size], 0.0, None)
     total = np.clip(irfft(rfft(s1, nfft) ** n, nfft)[:size], 0.0, None)
     above = np.clip(1.0 - np.cumsum(total) / total.sum(), 0.0, 1.0)
