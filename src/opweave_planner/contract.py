@@ -339,7 +339,8 @@ class Reevaluation:
                 {"index": o.index, "gpu": o.gpu, "tensor_parallel": o.tensor_parallel, "replicas": o.replicas,
                  "usd_per_hour_per_replica": o.usd_per_hour_per_replica, "busy_fraction": o.busy_fraction,
                  "memory_bytes_per_gpu": o.memory_bytes_per_gpu,
-                 "usable_memory_bytes_per_gpu": float(f"{usable:.9g}"), "fits_memory": need <= usable}
+                 "usable_memory_bytes_per_gpu": float(f"{usable:.9g}"), "fits_memory": need <= usable,
+                 **({} if o.kv_events is None else {"kv_events": o.kv_events.model_dump()})}
                 for o, (need, usable) in zip(p.owners, self.memory, strict=True)
             ],
             "metrics": p.metrics.model_dump(),

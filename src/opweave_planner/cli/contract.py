@@ -34,6 +34,7 @@ def schema_cmd(
 
 SIMULATE_OVERRIDES = ("prices", "catalog", "profiles", "network_bandwidth", "network_latency", "model", "ctx",
                       "workload", "scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile",
+                      "preemptions_per_request",
                       "scenarios", "seed")
 
 
@@ -89,6 +90,12 @@ def simulate_cmd(
             print(f"  owner {o['index']}: {o['replicas']}x {o['gpu']} TP{o['tensor_parallel']}, "
                   f"{o['usd_per_hour_per_replica']:.4g} USD/h per replica, memory "
                   f"{o['memory_bytes_per_gpu'] / 2**30:.2f} of {o['usable_memory_bytes_per_gpu'] / 2**30:.2f} GiB per GPU")
+            e = o.get("kv_events")
+            if e:
+                print(f"    KV overflow: {e['per_request_at_reserve']:.2g} per request at the reserve "
+                      f"({e['per_replica_hour_at_reserve']:.2g} per replica-hour, {e['share_above_reserve']:.3%} of "
+                      f"steps above), {e['per_request_at_usable']:.2g} at the usable memory "
+                      f"({e['per_replica_hour_at_usable']:.2g} forced preemptions per replica-hour)")
         changed = ", ".join(info["inputs_changed"])
         if not changed and (old["usd_per_million_tokens"], old["tpot_ms"]) != (new["usd_per_million_tokens"],
                                                                                new["tpot_ms"]):

@@ -78,6 +78,10 @@ class PlanRequest(BaseModel):
                                             "default 95)", cli="str")
     kv_quantile: float = _setting("Quantile of a replica's summed KV/state that its memory is sized for "
                                   "(with --workload)", default=0.999, cli="str")
+    preemptions_per_request: float = _setting(
+        "Forced preemptions per served request a replica's KV reserve may cause: the reserve is the "
+        "smallest capacity its summed KV crosses that rarely, and never below --kv-quantile's "
+        "(with --workload)", default=1e-4, cli="str")
     scenarios: int = _setting("Sampled snapshots of the resident contexts a plan is evaluated on "
                               "(with --workload)", default=256, ge=16, le=65536)
     seed: int = _setting("Seed of those snapshots (same seed: same snapshots, same plan bytes)", default=0,
@@ -191,6 +195,17 @@ class PlanRequest(BaseModel):
         from opweave_planner.workload.spec import parse_quantile
 
         return parse_quantile(v, "--kv-quantile")
+
+    @field_validator("preemptions_per_request", mode="before")
+    @classmethod
+    def _preemptions(cls, v: Any) -> float:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            x = math.nan
+        if isinstance(v, bool) or not (0 < x < 1):
+            raise UserError(f"--preemptions-per-request: expected a number in (0, 1), e.g. 1e-4, got {v!r}")
+        return x
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -379,7 +394,8 @@ class PlanRequest(BaseModel):
 
 
 # settings that describe a workload: refused with --ctx unless left at their default
-WORKLOAD_ONLY = ("scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile", "scenarios", "seed")
+WORKLOAD_ONLY = ("scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile",
+                 "preemptions_per_request", "scenarios", "seed")
 # settings of a fixed context: refused with --workload
 CTX_ONLY = ("prompt_len", "output_len")
 

@@ -17,6 +17,7 @@ from opweave_planner.plan.request import space_values
 from opweave_planner.plan.schema import (
     Alternative,
     Distribution,
+    KvEventsOut,
     Metrics,
     OwnerOut,
     Plan,
@@ -107,7 +108,36 @@ class CriticalResource(IntEnum):
         return self.name.lower().replace("_", " ")
 
 
-def _owners(ctx, splan, sel, ev) -> list[OwnerOut]:
+def kv_event_records(ctx, prob, sel, ev) -> list[KvEventsOut | None]:
+    """Per owner, its replica's KV overflow episodes at the reserve and at the usable memory (the
+    usable bytes left for context-dependent KV, in the tokens the reserve is counted in)."""
+    from opweave_planner.compile.traffic import EVENT_GRID
+    from opweave_planner.search.evaluate import range_sum
+    from opweave_planner.workload.kv import kv_events
+
+    out: list[KvEventsOut | None] = []
+    steps_per_hour = 3.6e9 / ev.t_mean
+    for o in range(prob.k):
+        c = int(sel.cfg[o])
+        n = sel.mu * int(prob.mb_grid[int(sel.mb[o])])
+        per_token = sum(range_sum(prob.kvpref[c], prob.stage_start[j], prob.stage_end[j])
+                        for j in range(prob.stage_owner.size) if prob.stage_owner[j] == o)
+        reserve = float(prob.traffic.units[n])
+        events = kv_events(ctx.workload, n, EVENT_GRID)
+        if per_token > 0:
+            usable = reserve + (float(ev.memory_usable[o]) - float(ev.memory_need[o])) / per_token
+        else:  # no context-dependent KV here: nothing grows, nothing overflows
+            reserve = usable = float("inf")
+        at = [(events.per_request(x), events.per_step(x), events.share_above(x)) for x in (reserve, usable)]
+        out.append(KvEventsOut(
+            per_request_at_reserve=rounded(at[0][0]), per_request_at_usable=rounded(at[1][0]),
+            per_replica_hour_at_reserve=rounded(at[0][1] * steps_per_hour),
+            per_replica_hour_at_usable=rounded(at[1][1] * steps_per_hour),
+            share_above_reserve=rounded(at[0][2]), share_above_usable=rounded(at[1][2])))
+    return out
+
+
+def _owners(ctx, splan, sel, ev, events=None) -> list[OwnerOut]:
     out = []
     for o in range(len(sel.cfg)):
         cfg = ctx.tables.configs[int(sel.cfg[o])]
@@ -119,6 +149,7 @@ def _owners(ctx, splan, sel, ev) -> list[OwnerOut]:
             stage_positions=[j for j in range(splan.n_stages) if splan.owner[j] == o],
             usd_per_hour_per_replica=rounded(cfg.gpu.price_per_hour * tp),
             busy_fraction=rounded(float(ev.busy[o]), 6), memory_bytes_per_gpu=rounded(float(ev.memory_need[o])),
+            kv_events=None if events is None else events[o],
         ))
     return out
 
@@ -172,7 +203,7 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     if scored_t_rtt_us is not None and abs(ev.t_rtt - scored_t_rtt_us) > 1e-9 * abs(scored_t_rtt_us):
         raise AssertionError(f"plan TPOT {ev.t_rtt} us differs from the searched {scored_t_rtt_us} us")
     s, k, mu = splan.n_stages, prob.k, sel.mu
-    owners = _owners(ctx, splan, sel, ev)
+    owners = _owners(ctx, splan, sel, ev, None if dist is None else kv_event_records(ctx, prob, sel, ev))
     gpus_total = sum(o.replicas * o.tensor_parallel for o in owners)
     usd_per_mtok = ev.cost / 3.6e9 * 1e6
     cut_ops = ([seq.ops[splan.ops[0][0]].name] if s == 1
@@ -216,6 +247,7 @@ def workload_record(req, compiled) -> Distribution | None:
     d = compiled.workload.describe()
     d.pop("path", None)
     return Distribution(workload=req.workload, slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
+                        preemptions_per_request=req.preemptions_per_request,
                         scenarios=req.scenarios, seed=req.seed, context_knots=compiled.context_knots,
                         **{k: (rounded(v) if isinstance(v, float) else v) for k, v in d.items()})
 

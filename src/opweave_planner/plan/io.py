@@ -18,6 +18,8 @@ from opweave_planner.plan.schema import SCHEMA_MAJOR, Distribution, SpaceOut, Wo
 __all__ = ["dumps", "rounded", "plan_bytes", "write_atomic", "schema_version_for", "distribution_minor",
            "infeasible_version"]
 
+EVENTS_MINOR = 8  # workload.distribution.preemptions_per_request and owners[].kv_events
+
 # search.space keys added after 1.0, with the MINOR that introduced them (from the table)
 _MINOR_KEYS = tuple((r.at.removeprefix(SPACE), r.since) for r in SPACE_ROWS if r.since)
 
@@ -42,7 +44,10 @@ def plan_bytes(plan: BaseModel) -> bytes:
 
 
 def distribution_minor(distribution: Distribution) -> int:
-    """The lowest 1.x that can carry this workload record (1.4: the value "truncate")."""
+    """The lowest 1.x that can carry this workload record (1.4: the value "truncate"; 1.8: a
+    preemptions_per_request target, with the owners' kv_events)."""
+    if distribution.preemptions_per_request is not None:
+        return EVENTS_MINOR
     return 4 if distribution.overflow == "truncate" else 3
 
 

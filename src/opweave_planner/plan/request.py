@@ -56,6 +56,7 @@ TABLE = (
     Recorded("overflow", _DIST + "overflow", 3, "overflow"),
     Recorded("slo_percentile", _DIST + "slo_percentile", 3, "slo-percentile"),
     Recorded("kv_quantile", _DIST + "kv_quantile", 3, "kv-quantile"),
+    Recorded("preemptions_per_request", _DIST + "preemptions_per_request", 8, "preemptions-per-request"),
     Recorded("scenarios", _DIST + "scenarios", 3, "scenarios"),
     Recorded("seed", _DIST + "seed", 3, "seed"),
     Recorded("gpus", SPACE + "gpus", about="GPU types searched"),

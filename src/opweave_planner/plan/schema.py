@@ -21,11 +21,11 @@ from opweave_planner.plan.request import SPACE, SPACE_ROWS, Recorded
 
 __all__ = [
     "SCHEMA_MAJOR", "SCHEMA_VERSION", "NAME_PATTERN", "Name", "PolicyName", "Plan", "Infeasible",
-    "Alternative", "Workload", "Distribution", "TpotStats", "OwnerOut", "StageOut", "TemplateOut", "Metrics",
+    "Alternative", "Workload", "Distribution", "TpotStats", "KvEventsOut", "OwnerOut", "StageOut", "TemplateOut", "Metrics",
     "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment",
 ]
 
-SCHEMA_VERSION = "1.7"
+SCHEMA_VERSION = "1.8"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -87,6 +87,9 @@ class Distribution(_Frozen):
     context_quantiles: dict[str, Count] = _f("Quantiles of the stationary decode context, tokens")
     slo_percentile: float = _f("Percentile of step TPOT held to the SLO", gt=0, lt=100)
     kv_quantile: float = _f("Quantile of a replica's summed KV/state its memory is sized for", gt=0, lt=1)
+    preemptions_per_request: float | None = _f(
+        "Target of forced preemptions per served request the KV reserve holds (the reserve is the larger of "
+        "that capacity and the kv_quantile's); absent before schema 1.8", default=None, gt=0, lt=1)
     scenarios: StrictInt = _f("Sampled snapshots of the resident contexts the TPOT figures come from", ge=1)
     seed: Count = _f("Seed of those snapshots")
     context_knots: StrictInt = _f("Contexts at which stage latencies were looked up (linear between them)",
@@ -146,6 +149,20 @@ class TpotStats(_Frozen):
     samples: StrictInt = _f("Periods sampled: scenarios, times replicas for a one-owner plan", ge=1)
 
 
+class KvEventsOut(_Frozen):
+    """A workload owner's KV overflow (schema 1.8): episodes are up-crossings of a capacity by one
+    replica's summed KV, each a forced preemption once it is the usable memory."""
+
+    per_request_at_reserve: float = _f("Up-crossings of the reserved memory per served request", ge=0)
+    per_request_at_usable: float = _f("Up-crossings of the usable memory (what the runtime gets for KV) per "
+                                      "served request: forced preemptions", ge=0)
+    per_replica_hour_at_reserve: float = _f("Up-crossings of the reserved memory per replica-hour "
+                                            "(at the mean step TPOT)", ge=0)
+    per_replica_hour_at_usable: float = _f("Forced preemptions per replica-hour (at the mean step TPOT)", ge=0)
+    share_above_reserve: float = _f("Share of a replica's steps above the reserved memory", ge=0, le=1)
+    share_above_usable: float = _f("Share of a replica's steps above the usable memory", ge=0, le=1)
+
+
 class OwnerOut(_Frozen):
     """A device group type: `replicas` identical groups of `tensor_parallel` GPUs of type `gpu`."""
 
@@ -162,6 +179,7 @@ class OwnerOut(_Frozen):
     busy_fraction: float = _f("Fraction of the round trip the group computes (0..1)", ge=0, le=1)
     memory_bytes_per_gpu: float = _f("Bytes per GPU: weight shard + KV/state of resident_batch requests "
                                      "+ activation workspace", ge=0)
+    kv_events: KvEventsOut | None = _f("KV overflow episodes of a workload plan (schema 1.8)", default=None)
 
 
 class StageOut(_Frozen):
