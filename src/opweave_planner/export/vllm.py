@@ -8,6 +8,8 @@ docs/export.md names the files.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from opweave_planner.export.base import Context, Target
 from opweave_planner.export.bench import BENCH_VARS, bench_env, compare_tpot_snippet
 from opweave_planner.export.common import BASE_PORT, is_colocated, refuse, shape_words
@@ -20,7 +22,9 @@ _SERVE = {
     "ep": "--enable-expert-parallel", "host": "--host", "port": "--port",
 }
 FLAGS = {"0.10.2": _SERVE, "0.33.0": _SERVE}
-ROUTER = "vllm-router"  # vllm-project/router, PyPI vllm-router 0.1.17 (vllm_router/router_args.py)
+ROUTER = "vllm-router"
+# a search under these limits returns only plans `fits` accepts (one stage has one owner)
+COLOCATED_LIMITS = MappingProxyType({"max_stages": 1, "max_owners": 1})  # vllm-project/router, PyPI vllm-router 0.1.17 (vllm_router/router_args.py)
 
 
 def fits(plan_dict, name: str) -> bool:
@@ -129,4 +133,5 @@ def benchmark(ctx: Context, backend: str, what: str = "the deployment") -> bytes
 
 
 TARGET = Target(name="vllm", summary="vllm serve per replica, vllm-router", versions=tuple(FLAGS),
-                default_version="0.33.0", fits=fits, check=check, render=render)
+                default_version="0.33.0", fits=fits, check=check, render=render,
+                search_limits=COLOCATED_LIMITS)
