@@ -7,7 +7,9 @@ the request's workload and searched space, and list the simpler alternatives aga
 from __future__ import annotations
 
 import hashlib
+import os
 from enum import IntEnum
+from pathlib import Path
 
 from opweave_planner import __version__
 from opweave_planner.data import profiles_root
@@ -28,7 +30,7 @@ from opweave_planner.plan.schema import (
     Workload,
 )
 
-__all__ = ["build_plan", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
+__all__ = ["build_plan", "recorded_workload", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
            "with_alternatives", "tpot_stats", "CriticalResource"]
 
 
@@ -195,13 +197,28 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     ), ev
 
 
+def recorded_workload(value: str) -> str:
+    """A workload file as a plan records it: relative to the working directory when the file
+    lies under it (POSIX separators), so plans of the same trace made in two checkouts are the
+    same bytes; absolute otherwise. The file's sha256, recorded beside it, is its identity."""
+    if not os.path.isabs(value):  # an inline law, or a name the reader refuses anyway
+        return value
+    try:
+        cwd = os.path.realpath(os.getcwd())
+        rel = os.path.relpath(value, cwd)
+    except (OSError, ValueError):  # no working directory, or another drive
+        return value
+    parts = Path(rel).parts
+    return value if not parts or parts[0] == os.pardir else Path(rel).as_posix()
+
+
 def workload_record(req, compiled) -> Distribution | None:
     """What the plan records about its workload (None: a fixed context)."""
     if not req.stochastic:
         return None
     d = compiled.workload.describe()
     d.pop("path", None)
-    return Distribution(workload=req.workload, slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
+    return Distribution(workload=recorded_workload(req.workload), slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
                         scenarios=req.scenarios, seed=req.seed, context_knots=compiled.context_knots,
                         **{k: (rounded(v) if isinstance(v, float) else v) for k, v in d.items()})
 

@@ -57,7 +57,9 @@ class Distribution(_Frozen):
     """The request-length workload a plan was made for (schema 1.3): where it came from, how it
     was shaped, its stationary decode context, and the settings of the percentile objective."""
 
-    workload: str = _f("The --workload value: a trace or law file (absolute path) or an inline law")
+    workload: str = _f("The --workload value: a trace or law file (relative to the working directory the "
+                       "plan was made in when the file lies under it, else absolute; sha256 is its "
+                       "identity) or an inline law")
     source: Literal["trace", "law"] = _f("A request trace, or a parametric law")
     format: str | None = _f("Trace format recognised from its header: its name in docs/workloads.md's table "
                             "of trace formats (azure, mooncake, ...)", default=None)
