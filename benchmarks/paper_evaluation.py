@@ -143,7 +143,7 @@ def summarize(doc: dict) -> dict:
 
 def shipped(out: Path) -> bool:
     """Whether `out` lies in the shipped results folder (written only with --force)."""
-    return SHIPPED == out.resolve().parent or SHIPPED in out.resolve().parents
+    return out.resolve().parent == SHIPPED or SHIPPED in out.resolve().parents
 
 
 def figures(doc: dict, out: Path) -> list[Path]:

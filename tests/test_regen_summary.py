@@ -131,3 +131,15 @@ def test_unknown_runtime_is_one_line(tmp_path, where):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "unknown runtime 'vlm'; expected one of vllm, " in lines[0]
     assert ("--deployable" if where == "flag" else "matrix.toml: deployable") in lines[0]
+
+
+def test_deployable_takes_the_tighter_limits(tmp_path):
+    from opweave_planner.regen import load_matrix
+
+    m = _folder(tmp_path, PIPELINE.replace("[[entry]]", '[[entry]]\nmax_stages = 2\nmax_owners = 1'))
+    (plain,) = load_matrix(m)
+    (vllm,) = load_matrix(m, "vllm")
+    (afd,) = load_matrix(m, "vllm-afd")  # no limit expresses an attention | FFN split: a filter
+    assert (plain.request.max_stages, plain.request.max_owners, plain.deployable) == (2, 1, None)
+    assert (vllm.request.max_stages, vllm.request.max_owners, vllm.deployable) == (1, 1, "vllm")
+    assert afd.request == plain.request and afd.deployable == "vllm-afd"

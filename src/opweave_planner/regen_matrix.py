@@ -70,16 +70,19 @@ def deployable_target(value: object, where: str) -> str | None:
     return target(value, f"{where}: {DEPLOYABLE}").name
 
 
-def _deployable_request(req, runtime: str | None, make):
-    """The request with `runtime`'s search limits (the tighter of the entry's own and the
-    target's): the search then returns the cheapest plan that runtime runs."""
+def _deployable_request(given: dict[str, Any], runtime: str | None):
+    """The entry's request, under `runtime`'s search limits (the tighter of the entry's own and
+    the target's): the search then returns the cheapest plan that runtime runs."""
+    from opweave_planner import api
+
+    req = api.make_request(**given)
     if runtime is None:
         return req
     from opweave_planner.export.registry import TARGETS
 
     tighter = {k: v for k, v in TARGETS[runtime].search_limits.items()
                if getattr(req, k) is None or getattr(req, k) > v}
-    return make(**tighter) if tighter else req
+    return api.make_request(**{**given, **tighter}) if tighter else req
 
 
 def _list(value: Any, key: str, where: str) -> list:
@@ -123,7 +126,6 @@ def _length_label(req) -> str:
 def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path,
                  runtime: str | None = None) -> list[tuple[str, Any, str, str | None]]:
     """(file name, request, label, deployable) for every combination of one [[entry]]."""
-    from opweave_planner import api
     from opweave_planner.inputs.model import load_model
 
     if not isinstance(entry, dict):
@@ -157,8 +159,7 @@ def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path,
                         given = dict(model=str(model), slo=str(slo), gpus=str(gpus), policy=str(policy),
                                      **{**settings, **length})
                         try:
-                            req = _deployable_request(api.make_request(**given), runtime,
-                                                      lambda **lim: api.make_request(**{**given, **lim}))
+                            req = _deployable_request(given, runtime)
                             name = load_model(req.model).name
                         except UserError as exc:
                             raise UserError(f"{label}: {exc}") from None

@@ -9,8 +9,8 @@ CLI builds its help from it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 from types import MappingProxyType
+from typing import Any
 
 from opweave_planner.export import dynamo, llmd, sglang, vllm, vllm_afd
 from opweave_planner.export.base import Target
