@@ -7,18 +7,12 @@ from __future__ import annotations
 import orjson
 import pytest
 from cli_helpers import cli
+from test_regen import MATRIX
 
 from opweave_planner.export.registry import runs
 from opweave_planner.regen import CACHE_FILE, regen
 
-HEAD = """
-prices = "prices.toml"
-[space]
-max_owners = 2
-batches = [8, 16, 32, 64]
-max_replicas = 2
-tps = [1, 2]
-"""
+HEAD = MATRIX[:MATRIX.index("[[entry]]")]  # test_regen's small space and prices file
 
 # one feasible colocated entry on a two-type set (it uses one type) and one no plan meets
 SUMMARY = HEAD + """
