@@ -9,9 +9,13 @@ from pathlib import Path
 import orjson
 from cli_helpers import cli
 
-TRACE = Path(__file__).resolve().parent.parent / "examples" / "traces" / "azure-conv-sample.csv"
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "examples" / "traces" / "azure-conv-sample.csv"
 MATRIX = ('max_owners = 1\nbatches = [8, 16]\ntps = [1]\nmax_replicas = 1\n'
           '[[entry]]\nmodels = "llama-3.1-8b"\nworkloads = ["traces/azure.csv"]\nslos = "30ms"\n'
+          'gpus = "h100"\npolicies = "colocated"\n'
+          # a model given by its config.json (recorded in model_source)
+          '[[entry]]\nmodels = "cfg/llama-3.1-8b.json"\ncontexts = "8k"\nslos = "30ms"\n'
           'gpus = "h100"\npolicies = "colocated"\n')
 NAME = "llama-3.1-8b_wl-azure_slo30ms_h100_colocated.json"
 
@@ -19,6 +23,8 @@ NAME = "llama-3.1-8b_wl-azure_slo30ms_h100_colocated.json"
 def _checkout(root: Path) -> Path:
     (root / "traces").mkdir(parents=True)
     shutil.copy(TRACE, root / "traces" / "azure.csv")
+    (root / "cfg").mkdir()
+    shutil.copy(ROOT / "models" / "llama-3.1-8b.json", root / "cfg" / "llama-3.1-8b.json")
     (root / "matrix.toml").write_text(MATRIX)
     return root
 
@@ -29,7 +35,12 @@ def test_two_checkouts_write_identical_bytes_and_diff_sees_one_workload(tmp_path
         r = cli("regen", "--matrix", "matrix.toml", "--out", "plans", "-q", cwd=root)
         assert r.returncode == 1, r.stderr
     pa, pb = a / "plans" / NAME, b / "plans" / NAME
-    assert pa.read_bytes() == pb.read_bytes()
+    files = sorted(p.name for p in (a / "plans").glob("*.json"))
+    assert len(files) == 2 and files == sorted(p.name for p in (b / "plans").glob("*.json"))
+    for name in files:
+        assert (a / "plans" / name).read_bytes() == (b / "plans" / name).read_bytes(), name
+    by_path = next(n for n in files if n != NAME)
+    assert orjson.loads((a / "plans" / by_path).read_bytes())["model_source"] == "cfg/llama-3.1-8b.json"
     dist = orjson.loads(pa.read_bytes())["workload"]["distribution"]
     assert dist["workload"] == "traces/azure.csv" and dist["sha256"]
     same = cli("diff", str(pa), str(pb))

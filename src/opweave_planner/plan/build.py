@@ -30,7 +30,7 @@ from opweave_planner.plan.schema import (
     Workload,
 )
 
-__all__ = ["build_plan", "recorded_workload", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
+__all__ = ["build_plan", "recorded_path", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
            "with_alternatives", "tpot_stats", "CriticalResource"]
 
 
@@ -182,7 +182,7 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(prob.stage_owner, mu, k)]
     return Plan(
         schema_version=schema_version_for(search.space, alternatives=source is not None, distribution=dist),
-        model=seq.model.name, model_source=source,
+        model=seq.model.name, model_source=None if source is None else recorded_path(source),
         workload=Workload(context_tokens=ctx.context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist),
         policy=str(req.policy.value), usd_per_million_tokens=rounded(usd_per_mtok), tpot_ms=rounded(ev.t_rtt / 1e3),
         tpot=None if dist is None else tpot_stats(ev, req.percentile),
@@ -197,10 +197,10 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     ), ev
 
 
-def recorded_workload(value: str) -> str:
-    """A workload file as a plan records it: relative to the working directory when the file
-    lies under it (POSIX separators), so plans of the same trace made in two checkouts are the
-    same bytes; absolute otherwise. The file's sha256, recorded beside it, is its identity."""
+def recorded_path(value: str) -> str:
+    """An input file (a workload trace, a model's config.json) as a plan records it: relative to
+    the working directory when the file lies under it (POSIX separators), so plans made in two
+    checkouts are the same bytes; absolute otherwise. Its sha256, recorded too, is its identity."""
     if not os.path.isabs(value):  # an inline law, or a name the reader refuses anyway
         return value
     try:
@@ -218,7 +218,7 @@ def workload_record(req, compiled) -> Distribution | None:
         return None
     d = compiled.workload.describe()
     d.pop("path", None)
-    return Distribution(workload=recorded_workload(req.workload), slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
+    return Distribution(workload=recorded_path(req.workload), slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
                         scenarios=req.scenarios, seed=req.seed, context_knots=compiled.context_knots,
                         **{k: (rounded(v) if isinstance(v, float) else v) for k, v in d.items()})
 

@@ -280,9 +280,10 @@ class Plan(_Frozen):
 
     schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
     model: Name = _f("Model name (no control characters)")
-    model_source: Name | None = _f("Absolute path of the config.json the plan was made from, when it was "
-                                  "not a bundled model or Hugging Face id (what simulate and regen "
-                                  "reload); added in schema 1.2", default=None)
+    model_source: Name | None = _f("Path of the config.json the plan was made from (relative to the working "
+                                  "directory when under it, else absolute), when it was not a bundled "
+                                  "model or Hugging Face id (what simulate and regen reload); added in "
+                                  "schema 1.2", default=None)
     workload: Workload
     policy: PolicyName = _f("Plan family searched: opweave, colocated, afd or cad")
     usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)
