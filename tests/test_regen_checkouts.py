@@ -1,5 +1,6 @@
-"""Plans of the same trace made in two checkouts are the same bytes (issue 31): a plan records
-its trace relative to the working directory, and `diff` identifies a trace by its sha256."""
+"""Plans of the same inputs made in two checkouts are the same bytes (issue 31): a plan records
+its trace and a model's config.json relative to the working directory, and `diff` identifies a
+trace by its sha256."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import shutil
 from pathlib import Path
 
 import orjson
-from cli_helpers import cli
+
+from opweave_planner import api
+from opweave_planner.contract import diff_plans, read_plan
+from opweave_planner.plan import plan_bytes
+from opweave_planner.regen import regen
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "examples" / "traces" / "azure-conv-sample.csv"
+SPACE = dict(max_owners=1, batches="8,16", tensor_parallel_sizes="1", max_replicas=1)
 MATRIX = ('max_owners = 1\nbatches = [8, 16]\ntps = [1]\nmax_replicas = 1\n'
           '[[entry]]\nmodels = "llama-3.1-8b"\nworkloads = ["traces/azure.csv"]\nslos = "30ms"\n'
           'gpus = "h100"\npolicies = "colocated"\n'
@@ -29,32 +35,29 @@ def _checkout(root: Path) -> Path:
     return root
 
 
-def test_two_checkouts_write_identical_bytes_and_diff_sees_one_workload(tmp_path):
+def test_two_checkouts_write_identical_bytes_and_diff_sees_one_workload(tmp_path, monkeypatch):
     a, b = _checkout(tmp_path / "clone-a"), _checkout(tmp_path / "deeper" / "clone-b")
     for root in (a, b):  # each CI run works in its own checkout, the matrix named relative to it
-        r = cli("regen", "--matrix", "matrix.toml", "--out", "plans", "-q", cwd=root)
-        assert r.returncode == 1, r.stderr
-    pa, pb = a / "plans" / NAME, b / "plans" / NAME
+        monkeypatch.chdir(root)
+        assert regen("matrix.toml", "plans").exit_code == 1
     files = sorted(p.name for p in (a / "plans").glob("*.json"))
     assert len(files) == 2 and files == sorted(p.name for p in (b / "plans").glob("*.json"))
     for name in files:
         assert (a / "plans" / name).read_bytes() == (b / "plans" / name).read_bytes(), name
     by_path = next(n for n in files if n != NAME)
     assert orjson.loads((a / "plans" / by_path).read_bytes())["model_source"] == "cfg/llama-3.1-8b.json"
+    pa = a / "plans" / NAME
     dist = orjson.loads(pa.read_bytes())["workload"]["distribution"]
     assert dist["workload"] == "traces/azure.csv" and dist["sha256"]
-    same = cli("diff", str(pa), str(pb))
-    assert same.returncode == 0 and "workload" not in same.stdout, same.stdout
-    # a plan of clone-b made from outside it records the trace by absolute path: still one workload
+    # a plan of clone-b's trace made from outside it records it by absolute path: still one workload
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    r = cli("--model", "llama-3.1-8b", "--workload", str(b / "traces" / "azure.csv"), "--slo", "30ms",
-            "--gpus", "h100", "--policy", "colocated", "--max-owners", "1", "--batches", "8,16",
-            "--tensor-parallel-sizes", "1", "--max-replicas", "1", "--out", str(tmp_path / "abs.json"),
-            cwd=elsewhere)
-    assert r.returncode == 0, r.stderr
-    absolute = orjson.loads((tmp_path / "abs.json").read_bytes())["workload"]["distribution"]["workload"]
-    assert absolute == str((b / "traces" / "azure.csv").resolve())
-    moved = cli("diff", str(pa), str(tmp_path / "abs.json"))
-    assert "workload traces/azure.csv ->" not in moved.stdout and "request:" not in moved.stdout, moved.stdout
-    assert "(same sha256)" in moved.stdout, moved.stdout
+    monkeypatch.chdir(elsewhere)
+    trace = b / "traces" / "azure.csv"
+    plan = api.plan(api.make_request("llama-3.1-8b", "30ms", workload=str(trace), gpus="h100",
+                                     policy="colocated", **SPACE)).plan
+    doc = orjson.loads(plan_bytes(plan))
+    assert doc["workload"]["distribution"]["workload"] == str(trace.resolve())
+    d = diff_plans(read_plan(pa), plan)
+    assert d["equivalent"] and not [c for c in d["changes"] if c["aspect"] == "request"], d
+    assert any("(same sha256)" in n for n in d["notes"]), d["notes"]

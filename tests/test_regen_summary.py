@@ -59,8 +59,8 @@ def test_infeasible_listed_with_binding_and_fail_on(tmp_path):
     assert "other: 1" in text  # the feasible new file; the infeasible one is not listed twice
     assert rep.exit_code == 1  # files written; infeasibility fails the job only when asked
     (out / CACHE_FILE).unlink()
-    again = cli("regen", "--matrix", str(m), "--out", str(out), "--fail-on", "infeasible", "-q")
-    assert again.returncode == 3 and "infeasible (no plan meets the request): 1" in again.stdout, again.stderr
+    again = regen(m, out, fail_on="infeasible")
+    assert again.exit_code == 3 and "  infeasible (no plan meets the request): 1" in again.lines()
     # an entry skipped by the cache record is still reported infeasible
     cached = cli("regen", "--matrix", str(m), "--out", str(out), "--fail-on", "infeasible", "-q", "--json")
     assert cached.returncode == 3 and orjson.loads(cached.stdout)["counts"]["infeasible"] == 1
@@ -111,9 +111,10 @@ def test_deployable_searches_for_what_the_runtime_runs(tmp_path):
 def test_undeployable_is_not_written_and_exits_3(tmp_path):
     text = SUMMARY.replace('slos = ["30ms", "1ms"]', 'slos = "30ms"') + 'deployable = "vllm-afd"\n'
     m, out = _folder(tmp_path, text), tmp_path / "plans"
-    r = cli("regen", "--matrix", str(m), "--out", str(out), "-q")
-    assert r.returncode == 3, r.stderr
-    assert "undeployable llama-3.1-8b_ctx8k_slo30ms_h100+a100_colocated.json: vllm-afd cannot run" in r.stdout
+    rep = regen(m, out)
+    assert rep.exit_code == 3 and rep.count("undeployable") == 1
+    assert "undeployable llama-3.1-8b_ctx8k_slo30ms_h100+a100_colocated.json: vllm-afd cannot run" in \
+        "\n".join(rep.lines())
     assert not list(out.glob("*.json"))
 
 
