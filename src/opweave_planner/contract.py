@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from opweave_planner.errors import UserError
+from opweave_planner.errors import UserError, printable
 from opweave_planner.plan import (
     DIFF_WORDS,
     FLAG_AT,
@@ -531,8 +531,13 @@ def _pct(old: float, new: float) -> str:
 
 
 def _request(p: Plan | Infeasible) -> dict[str, Any]:
-    """The request a plan answers, with the window it admits beside the context it planned for."""
-    return {"model": p.model, "policy": p.policy, "workload": p.workload.model_dump(), "window": p.workload.window}
+    """What a plan answers, with the window it admits beside the context it planned for. A trace
+    is identified by its sha256, not the path it was read at (the same file in two checkouts is
+    the same workload)."""
+    w = p.workload.model_dump()
+    if (w.get("distribution") or {}).get("sha256"):
+        w["distribution"] = {k: v for k, v in w["distribution"].items() if k != "workload"}
+    return {"model": p.model, "policy": p.policy, "workload": w, "window": p.workload.window}
 
 
 def _request_words(ro: dict[str, Any], rn: dict[str, Any]) -> str:
@@ -597,4 +602,7 @@ def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]
         notes.append("metrics differ")
     if old.search != new.search:
         notes.append("search statistics or searched space differ")
+    do, dn = old.workload.distribution, new.workload.distribution
+    if do is not None and dn is not None and do.sha256 and do.workload != dn.workload:
+        notes.append(f"trace recorded as {printable(do.workload)} -> {printable(dn.workload)} (same sha256)")
     return {"equivalent": not changes, "changes": changes, "inputs_changed": inputs, "notes": notes}

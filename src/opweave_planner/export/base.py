@@ -34,6 +34,9 @@ class Target:
     file by name, built only from the plan and the pinned flag table of `ctx.version`.
     `fits(plan_dict, name)` says whether the plan file's alternative `name` (its plan document,
     or None for a summary without one) is a shape this target runs, so a refusal can name it.
+    `search_limits` are the PlanRequest limits that confine a search to shapes `fits` accepts
+    (empty when no limit expresses them), so `regen`'s `deployable` searches for the cheapest
+    plan the runtime runs instead of filtering the optimum out afterwards.
     """
 
     name: str
@@ -45,6 +48,7 @@ class Target:
     render: Callable[[Context], dict[str, bytes]]
     hint: str = "re-plan with --policy colocated"  # what to do when no alternative fits
     needs_model: bool = False  # check reads the model's config: one that cannot be loaded is an error
+    search_limits: Mapping[str, int] = field(default_factory=dict)  # e.g. max_stages=1 (see above)
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):

@@ -70,4 +70,5 @@ def render(ctx: Context) -> dict[str, bytes]:
 
 
 TARGET = Target(name="dynamo", summary="Dynamo DynamoGraphDeployment (Kubernetes)", versions=tuple(VLLM_OF),
-                default_version="0.6.0", fits=_vllm.fits, check=_vllm.check, render=render)
+                default_version="0.6.0", fits=_vllm.fits, check=_vllm.check, render=render,
+                search_limits=_vllm.COLOCATED_LIMITS)

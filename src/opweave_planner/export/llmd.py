@@ -77,4 +77,5 @@ def render(ctx: Context) -> dict[str, bytes]:
 
 
 TARGET = Target(name="llm-d", summary="llm-d-modelservice Helm values (Kubernetes)", versions=tuple(VLLM_OF),
-                default_version="0.4.12", fits=_vllm.fits, check=check, render=render)
+                default_version="0.4.12", fits=_vllm.fits, check=check, render=render,
+                search_limits=_vllm.COLOCATED_LIMITS)

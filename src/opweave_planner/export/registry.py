@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 from opweave_planner.export import dynamo, llmd, sglang, vllm, vllm_afd
 from opweave_planner.export.base import Target
@@ -41,3 +42,19 @@ def docs_table() -> str:
     """The table of targets docs/export.md carries (a test keeps the two equal)."""
     rows = [f"| `{t.name}` | {t.summary} | {_pins(t)} |" for t in TARGETS.values()]
     return "\n".join(["| `--to` | writes | `--runtime-version` |", "|---|---|---|", *rows])
+
+
+def target(name: object, field: str = "--to") -> Target:
+    """The target named `name`, or the one-line error listing the names."""
+    from opweave_planner.errors import UserError, printable
+
+    if isinstance(name, str) and name in TARGETS:
+        return TARGETS[name]
+    raise UserError(f"{field}: unknown runtime '{printable(name)}'; expected one of {', '.join(TARGETS)}")
+
+
+def runs(name: str, plan_dict: Mapping[str, Any] | None) -> bool:
+    """Can runtime `name` run this plan document? Its exporter's own rule (`Target.fits`), so
+    regen's `deployable` and `export`'s refusal never disagree."""
+    return plan_dict is not None and plan_dict.get("feasible", True) is not False \
+        and TARGETS[name].fits(plan_dict, "optimum")

@@ -91,4 +91,5 @@ def benchmark(ctx: Context) -> dict[str, bytes]:
 
 
 TARGET = Target(name="sglang", summary="sglang.launch_server per replica, sglang-router", versions=tuple(FLAGS),
-                default_version="0.5.23", fits=_vllm.fits, check=_vllm.check, render=render)
+                default_version="0.5.23", fits=_vllm.fits, check=_vllm.check, render=render,
+                search_limits=_vllm.COLOCATED_LIMITS)

@@ -8,6 +8,8 @@ docs/export.md names the files.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from opweave_planner.export.base import Context, Target, share
 from opweave_planner.export.bench import benchmark_vllm
 from opweave_planner.export.common import BASE_PORT, is_colocated, refuse, shape_words
@@ -21,6 +23,8 @@ _SERVE = {
 }
 FLAGS = {"0.10.2": _SERVE, "0.26.0": _SERVE, "0.33.0": _SERVE}
 ROUTER = "vllm-router"  # vllm-project/router, PyPI vllm-router 0.1.17 (vllm_router/router_args.py)
+# a search under these limits returns only plans `fits` accepts (one stage has one owner)
+COLOCATED_LIMITS = MappingProxyType({"max_stages": 1, "max_owners": 1})
 
 
 def fits(plan_dict, name: str) -> bool:
@@ -121,4 +125,5 @@ def data_parallel_applies(ctx: Context, owner) -> bool:
 
 
 TARGET = Target(name="vllm", summary="vllm serve per replica, vllm-router", versions=tuple(FLAGS),
-                default_version="0.33.0", fits=fits, check=check, render=render)
+                default_version="0.33.0", fits=fits, check=check, render=render,
+                search_limits=COLOCATED_LIMITS)

@@ -7,7 +7,9 @@ the request's workload and searched space, and list the simpler alternatives aga
 from __future__ import annotations
 
 import hashlib
+import os
 from enum import IntEnum
+from pathlib import Path
 
 from opweave_planner import __version__
 from opweave_planner.data import profiles_root
@@ -30,7 +32,7 @@ from opweave_planner.plan.schema import (
     Workload,
 )
 
-__all__ = ["build_plan", "workload_of", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
+__all__ = ["build_plan", "workload_of", "recorded_path", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
            "with_alternatives", "tpot_stats", "CriticalResource"]
 
 
@@ -215,7 +217,7 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     workload = workload_of(req, ctx.context_tokens, dist)
     return Plan(
         schema_version=schema_version_for(search.space, alternatives=source is not None, workload=workload),
-        model=seq.model.name, model_source=source,
+        model=seq.model.name, model_source=None if source is None else recorded_path(source),
         workload=workload,
         policy=str(req.policy.value), usd_per_million_tokens=rounded(usd_per_mtok), tpot_ms=rounded(ev.t_rtt / 1e3),
         tpot=None if dist is None else tpot_stats(ev, req.percentile),
@@ -240,13 +242,28 @@ def workload_of(req, context_tokens: int, dist: Distribution | None) -> Workload
     return Workload(context_tokens=context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist, **window)
 
 
+def recorded_path(value: str) -> str:
+    """An input file (a workload trace, a model's config.json) as a plan records it: relative to
+    the working directory when the file lies under it (POSIX separators), so plans made in two
+    checkouts are the same bytes; absolute otherwise. Its sha256, recorded too, is its identity."""
+    if not os.path.isabs(value):  # an inline law, or a name the reader refuses anyway
+        return value
+    try:
+        cwd = os.path.realpath(os.getcwd())
+        rel = os.path.relpath(value, cwd)
+    except (OSError, ValueError):  # no working directory, or another drive
+        return value
+    parts = Path(rel).parts
+    return value if not parts or parts[0] == os.pardir else Path(rel).as_posix()
+
+
 def workload_record(req, compiled) -> Distribution | None:
     """What the plan records about its workload (None: a fixed context)."""
     if not req.stochastic:
         return None
     d = compiled.workload.describe()
     d.pop("path", None)
-    return Distribution(workload=req.workload, slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
+    return Distribution(workload=recorded_path(req.workload), slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
                         preemptions_per_request=req.preemptions_per_request,
                         scenarios=req.scenarios, seed=req.seed, context_knots=compiled.context_knots,
                         **{k: (rounded(v) if isinstance(v, float) else v) for k, v in d.items()})

@@ -57,7 +57,9 @@ class Distribution(_Frozen):
     """The request-length workload a plan was made for (schema 1.3): where it came from, how it
     was shaped, its stationary decode context, and the settings of the percentile objective."""
 
-    workload: str = _f("The --workload value: a trace or law file (absolute path) or an inline law")
+    workload: str = _f("The --workload value: a trace or law file (relative to the working directory the "
+                       "plan was made in when the file lies under it, else absolute; sha256 is its "
+                       "identity) or an inline law")
     source: Literal["trace", "law"] = _f("A request trace, or a parametric law")
     format: str | None = _f("Trace format recognised from its header: its name in docs/workloads.md's table "
                             "of trace formats (azure, mooncake, ...)", default=None)
@@ -325,9 +327,10 @@ class Plan(_Frozen):
 
     schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
     model: Name = _f("Model name (no control characters)")
-    model_source: Name | None = _f("Absolute path of the config.json the plan was made from, when it was "
-                                  "not a bundled model or Hugging Face id (what simulate and regen "
-                                  "reload); added in schema 1.2", default=None)
+    model_source: Name | None = _f("Path of the config.json the plan was made from (relative to the working "
+                                  "directory when under it, else absolute), when it was not a bundled "
+                                  "model or Hugging Face id (what simulate and regen reload); added in "
+                                  "schema 1.2", default=None)
     workload: Workload
     policy: PolicyName = _f("Plan family searched: opweave, colocated, afd or cad")
     usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)
