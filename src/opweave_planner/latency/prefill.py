@@ -28,7 +28,7 @@ from opweave_planner.latency.lookup import (
     sharded_attention,
     token_latency,
 )
-from opweave_planner.structure.operators import Kernel, OperatorSequence
+from opweave_planner.structure.operators import Kernel, OpKind, OperatorSequence
 
 __all__ = ["PrefillEstimate", "chunk_schedule", "default_chunk_tokens", "prefill"]
 
@@ -135,7 +135,7 @@ def prefill(seq: OperatorSequence, gpu: GpuType, tp: int, prompt: int, batch: in
         ending = sum(1 for seg in step if seg[2])
         for op in seq.ops:
             attention = op.traits.kernel in (Kernel.ATTENTION, Kernel.STATE, Kernel.LATENT)
-            if op.kind == "lm_head":
+            if op.kind == OpKind.LM_HEAD:
                 if not ending:
                     continue
                 key = (op.kind, ending)
