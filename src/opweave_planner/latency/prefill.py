@@ -28,7 +28,7 @@ from opweave_planner.latency.lookup import (
     sharded_attention,
     token_latency,
 )
-from opweave_planner.structure.operators import Kernel, OpKind, OperatorSequence
+from opweave_planner.structure.operators import Kernel, OperatorSequence, OpKind
 
 __all__ = ["PrefillEstimate", "chunk_schedule", "default_chunk_tokens", "prefill"]
 
