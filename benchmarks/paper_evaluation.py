@@ -4,17 +4,20 @@ Grid (Section 7): gemma-3-27b at TPOT SLOs 25/60 ms and qwen3-next-80b-a3b at
 40/80 ms; contexts 8k/32k/128k; GPU pools h100, h100+l40s, h100+a100. Every
 policy (opweave, colocated, afd, cad) is searched per cell with the default
 (paper) search limits; with two GPU types, homogeneous opweave per type is
-also run (Section 7.4). Writes benchmarks/results/paper_evaluation.json and a
-markdown summary next to it (paper_evaluation.md), and prints the markdown.
+also run (Section 7.4). Writes the JSON named by --out, a markdown summary next
+to it (same name, .md) and, with matplotlib (the [plot] extra), one
+cost-versus-TPOT frontier per (model, pool) beside them (<stem>_<model>_<pool>.svg);
+prints the markdown.
 
-    python benchmarks/paper_evaluation.py                 # full grid (long on 2 cores)
-    python benchmarks/paper_evaluation.py --pools h100    # the homogeneous part only
-    python benchmarks/paper_evaluation.py --quick         # 8k+32k, h100 only, smaller batch grid
-    python benchmarks/paper_evaluation.py --jobs 2 --out other.json
-    python benchmarks/paper_evaluation.py --markdown-only  # rewrite the .md from the existing .json
+    python benchmarks/paper_evaluation.py --out eval/paper.json                 # full grid (long on 2 cores)
+    python benchmarks/paper_evaluation.py --out eval/paper.json --pools h100    # the homogeneous part only
+    python benchmarks/paper_evaluation.py --out eval/quick.json --quick  # 8k+32k, h100, smaller batch grid
+    python benchmarks/paper_evaluation.py --out benchmarks/results/paper_evaluation.json --force  # the shipped one
+    python benchmarks/paper_evaluation.py --out eval/paper.json --markdown-only  # .md and figures from the .json
 
-Results are merged into an existing output file by (model, pool), so the grid
-can be filled in over several runs.
+--out is required, and a file under benchmarks/results/ (the shipped results) is
+written only with --force. Results are merged into an existing output file by
+(model, pool), so the grid can be filled in over several runs.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import orjson
 
 from opweave_planner.compare import compare, iter_violations
 from opweave_planner.plan import dumps
+
+SHIPPED = (Path(__file__).resolve().parent / "results").resolve()
 
 GRID = {
     "gemma-3-27b": ["25ms", "60ms"],
@@ -136,6 +141,29 @@ def summarize(doc: dict) -> dict:
     }
 
 
+def shipped(out: Path) -> bool:
+    """Whether `out` lies in the shipped results folder (written only with --force)."""
+    return out.resolve().parent == SHIPPED or SHIPPED in out.resolve().parents
+
+
+def figures(doc: dict, out: Path) -> list[Path]:
+    """One frontier per run beside the tables; none (and a note) without matplotlib."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("matplotlib not installed (pip install '.[plot]'): tables only, no figures", file=sys.stderr)
+        return []
+    from opweave_planner.cli.compare import plot_compare
+
+    paths = []
+    for key, run in sorted(doc["runs"].items()):
+        model, pool = key.split("@", 1)
+        path = out.with_name(f"{out.stem}_{model}_{pool.replace(',', '+')}.svg")
+        plot_compare(run["result"], str(path))
+        paths.append(path)
+    return paths
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(GRID), help="comma-separated subset of " + ", ".join(GRID))
@@ -143,14 +171,20 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", default=",".join(CONTEXTS))
     ap.add_argument("--quick", action="store_true", help="8k,32k on h100 with a smaller batch grid")
     ap.add_argument("--jobs", "-j", type=int, default=1)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "paper_evaluation.json"))
+    ap.add_argument("--out", required=True, help="the JSON to write (the .md and figures go beside it)")
+    ap.add_argument("--force", action="store_true", help="allow writing into the shipped benchmarks/results/")
     ap.add_argument("--markdown-only", action="store_true",
-                    help="rewrite the markdown next to --out from the existing JSON; search nothing")
+                    help="rewrite the markdown and figures next to --out from the existing JSON; search nothing")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    if shipped(out) and not args.force:
+        ap.error(f"--out {out}: that is the shipped results folder; pass --force to overwrite it, "
+                 f"or name another file")
     if args.markdown_only:
-        out = Path(args.out)
-        text = markdown(orjson.loads(out.read_bytes()))
+        doc = orjson.loads(out.read_bytes())
+        text = markdown(doc)
         out.with_suffix(".md").write_text(text)
+        figures(doc, out)
         print(text)
         return 0
     space_kw = {}
@@ -160,7 +194,6 @@ def main(argv=None) -> int:
     if args.quick:
         space_kw, pools, ctx = dict(QUICK_SPACE), ["h100"], "8k,32k"
         space_label = f"quick: batches {QUICK_SPACE['batches']}, <=3 owners"
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = orjson.loads(out.read_bytes()) if out.exists() else {"runs": {}}
     cache: dict = {}
@@ -177,6 +210,7 @@ def main(argv=None) -> int:
             out.write_bytes(dumps(doc))
             out.with_suffix(".md").write_text(markdown(doc))
             print(f"  done in {dt:.0f} s", file=sys.stderr, flush=True)
+    figures(doc, out)
     text = markdown(doc)
     print(text)
     return 0

@@ -1,7 +1,13 @@
-"""Closed-loop check of the workload planner (issue 13): replay a trace through a plan.
+"""Closed-loop check of the workload planner (issues 13, 29): replay a trace through a plan.
 
 Usage:  python benchmarks/workload_replay.py [--steps 10000] [--warmup 500] [--seed 1]
-                                            [--kv-quantile 0.999] [CASE ...]
+                                            [--kv-quantile 0.999] [--preemptions-per-request 1e-4]
+                                            [--memory-only] [CASE ...]
+        python benchmarks/workload_replay.py --plan PLAN.json [--trace TRACE] [--memory-only] ...
+
+`--plan` replays any plan file (a workload plan, or a fixed-context one given `--trace`);
+`--trace` replays another trace through the plan (its recorded shaping kept). `--memory-only`
+skips the pipeline timing and only steps the resident requests (fast: for episode counts).
 
 For each case the workload-aware plan is made (`api.plan`), then the trace is replayed
 through its placement step by step with continuous batching:
@@ -25,6 +31,11 @@ above the GPU's usable memory (the budget of --gpu-memory-utilization less the r
 reserve, which the exported launch configs hand the runtime), beyond which a runtime must
 preempt: the reserve can sit below it when the batch grid leaves headroom. Target (issue 13):
 predicted p95 within 5 % of the replayed one, and no step above the reserved memory.
+
+Preemption episodes (issue 29): on every replica it counts the up-crossings of the reserved
+and of the usable memory (a step at or below it followed by one above: a runtime preempts
+there) and sets them against the counts the planner's event law predicts for the same
+replica-steps (`workload.kv.kv_events` at the same capacities), with episodes per served request.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "examples" / "traces" / "mooncake-conversation-sample.jsonl"
+AZURE = ROOT / "examples" / "traces" / "azure-conv-sample.csv"
 
 CASES = {
     "gemma-60ms": dict(model="gemma-3-27b", slo="60ms", gpus="h100", workload=str(TRACE), scale_ctx="32k"),
@@ -47,6 +59,10 @@ CASES = {
     # the 128k cohort: rescaling past the 256k window is possible only with prompts truncated
     "qwen3-next-128k": dict(model="qwen3-next-80b-a3b", slo="40ms", gpus="h100", workload=str(TRACE),
                             scale_ctx="128k", overflow="truncate"),
+    "gemma-azure-60ms": dict(model="gemma-3-27b", slo="60ms", gpus="h100", workload=str(AZURE), scale_ctx="32k"),
+    "qwen3-next-azure-80ms": dict(model="qwen3-next-80b-a3b", slo="80ms", gpus="h100", workload=str(AZURE),
+                                  scale_ctx="32k"),
+    "llama-azure-30ms": dict(model="llama-3.1-8b", slo="30ms", gpus="h100", workload=str(AZURE), scale_ctx="8k"),
 }
 
 
@@ -153,6 +169,97 @@ def replay(plan, steps: int, warmup: int, seed: int):
     return np.array(tpots), peak, over, finished
 
 
+def _replicas(sel, prob, mu: int):
+    """Per (owner, replica): the slot indices it holds (its mu x bh residents)."""
+    per = sel.batch // mu
+    out = []
+    for o in range(prob.k):
+        bh = int(prob.mb_grid[sel.mb[o]])
+        for r in range(int(sel.replicas[o])):
+            out.append((o, np.concatenate([np.arange(i * per + r * bh, i * per + (r + 1) * bh) for i in range(mu)])))
+    return out
+
+
+def episodes(plan, steps: int, warmup: int, seed: int, trace: str | None = None) -> dict:
+    """Up-crossings of each replica's reserved and usable memory along one replay (memory only),
+    and the counts the event law predicts for as many replica-steps."""
+    from opweave_planner.compile.traffic import EVENT_GRID
+    from opweave_planner.contract import plan_context
+    from opweave_planner.search.evaluate import evaluate
+    from opweave_planner.workload.kv import kv_events
+
+    over = {} if trace is None else {"workload": trace}
+    ctx, tmpl, sel = plan_context(plan, where="replay", **over)
+    prob = ctx.problem(tmpl, batches=(sel.batch,))
+    ev = evaluate(prob, sel)
+    _kt, mem = _stage_tables(prob, sel)
+    wl = ctx.workload
+    reps = _replicas(sel, prob, sel.mu)
+    caps = []
+    for o, idx in reps:
+        _w, tok, _req, _ws = mem[o]
+        res = float(prob.traffic.units[idx.size])
+        use = res + (float(ev.memory_usable[o]) - float(ev.memory_need[o])) / tok if tok > 0 else np.inf
+        caps.append((res, use))
+    cap = np.array(caps)  # [replica, (reserve, usable)] in context tokens
+    owner_of = np.array([o for o, _ in reps])
+    sel_idx = [idx for _, idx in reps]
+    rng = np.random.default_rng(seed)
+    slots = Slots(wl.prompt, wl.output, sel.batch, rng)
+    prev = None
+    ups = np.zeros_like(cap)
+    above = np.zeros_like(cap)
+    finished = 0
+    for it in range(warmup + steps):
+        c = slots.contexts()
+        s = np.array([c[i].sum() for i in sel_idx], dtype=np.float64)[:, None]
+        if it >= warmup:
+            above += s > cap
+            if prev is not None:
+                ups += (prev <= cap) & (s > cap)
+        prev = s
+        k = slots.step()
+        if it >= warmup:
+            finished += k
+    pred = np.zeros_like(cap)
+    for r, (_o, idx) in enumerate(reps):
+        law = kv_events(wl, idx.size, EVENT_GRID)
+        pred[r] = [law.per_step(x) * steps for x in cap[r]]
+    by_owner = np.array([ups[owner_of == o].sum(axis=0) for o in range(prob.k)])  # every owner serves every request
+    return {"replica_steps": steps * len(reps), "ups": ups.sum(axis=0), "pred": pred.sum(axis=0),
+            "above": above.sum(axis=0), "finished": finished, "owners": owner_of, "by_owner": by_owner,
+            "per_request": by_owner.max(axis=0) / max(finished, 1), "mean_output": wl.mean_output,
+            "gap_gib": [(float(ev.memory_usable[o]) - float(ev.memory_need[o])) / 2**30 for o in range(prob.k)]}
+
+
+def print_episodes(name: str, e: dict) -> None:
+    n = e["replica_steps"]
+    for j, what in enumerate(("reserved", "usable")):
+        print(f"  up-crossings of the {what} memory: {int(e['ups'][j]):,} replayed, {e['pred'][j]:,.1f} predicted "
+              f"over {n:,} replica-steps ({e['above'][j] / n:.4%} of them above); "
+              f"{e['per_request'][j]:.2e} per served request on the worst owner ({e['finished']:,} served)")
+    print(f"  usable - reserved memory per GPU: {', '.join(f'{g:.2f} GiB' for g in e['gap_gib'])}")
+
+
+def run_seeds(name: str, plan, a) -> None:
+    """Episodes on each seed, then pooled (predicted counts scale with the replica-steps)."""
+    seeds = [a.seed] if a.seeds is None else [int(x) for x in a.seeds.split(",")]
+    runs = []
+    for seed in seeds:
+        e = episodes(plan, a.steps, a.warmup, seed, a.trace)
+        runs.append(e)
+        print(f" seed {seed}:")
+        print_episodes(name, e)
+    if len(runs) > 1:
+        pool = dict(runs[0])
+        for key in ("replica_steps", "ups", "pred", "above", "finished", "by_owner"):
+            pool[key] = sum(r[key] for r in runs)
+        pool["per_request"] = pool["by_owner"].max(axis=0) / max(pool["finished"], 1)
+        worst = max(r["per_request"][1] for r in runs)
+        print(f" pooled over {len(runs)} seeds (worst seed at usable memory: {worst:.2e} per request):")
+        print_episodes(name, pool)
+
+
 def run_case(name: str, spec: dict, steps: int, warmup: int, seed: int) -> dict:
     from opweave_planner import api
 
@@ -177,6 +284,7 @@ def run_case(name: str, spec: dict, steps: int, warmup: int, seed: int) -> dict:
         "memory_ok": all(p <= r * (1 + 1e-8) for p, r in zip(peak, reserved, strict=True)),
         "over": over, "kv_quantile": req.kv_quantile, "cost": plan.usd_per_million_tokens,
         "finished": finished, "t_plan": t_plan, "t_replay": time.perf_counter() - t0,
+        "episodes": episodes(plan, steps, warmup, seed),
     }
 
 
@@ -188,13 +296,46 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--kv-quantile", type=float, default=None,
                     help="plan the cases with this --kv-quantile (default: the planner's, 0.999)")
+    ap.add_argument("--preemptions-per-request", type=float, default=None,
+                    help="plan the cases with this target (default: the planner's, 1e-4)")
+    ap.add_argument("--plan", default=None, help="replay this plan file instead of planning the cases")
+    ap.add_argument("--trace", default=None, help="replay this trace (default: the plan's or case's own)")
+    ap.add_argument("--memory-only", action="store_true", help="count memory episodes only (no TPOT replay)")
+    ap.add_argument("--seeds", default=None, help="with --memory-only or --plan: replay each of these seeds "
+                    "(comma list) and pool the counts")
     a = ap.parse_args(argv)
     ok = True
+    if a.plan:
+        from opweave_planner.contract import read_feasible_plan
+
+        plan = read_feasible_plan(a.plan)
+        print(f"{a.plan}: {plan.model}, {plan.gpus_total} GPUs, B={plan.global_batch}, "
+              f"{plan.usd_per_million_tokens:.4f} USD/Mtok")
+        run_seeds(a.plan, plan, a)
+        return 0
     unknown = [c for c in a.cases if c not in CASES]
     if unknown:
         ap.error(f"unknown case {unknown[0]}; expected one of {', '.join(CASES)}")
     for name in a.cases:
-        spec = CASES[name] if a.kv_quantile is None else dict(CASES[name], kv_quantile=a.kv_quantile)
+        spec = dict(CASES[name])
+        if a.kv_quantile is not None:
+            spec["kv_quantile"] = a.kv_quantile
+        if a.preemptions_per_request is not None:
+            spec["preemptions_per_request"] = a.preemptions_per_request
+        if a.trace is not None:
+            spec["workload"] = a.trace
+        if a.memory_only:
+            from opweave_planner import api
+
+            plan = api.plan(api.make_request(**spec)).plan
+            if plan is None:
+                print(f"{name}: infeasible")
+                continue
+            print(f"{name}: {plan.gpus_total} GPUs, B={plan.global_batch}, owners "
+                  f"{[(o.gpu, o.tensor_parallel, o.replicas, o.resident_batch) for o in plan.owners]}, "
+                  f"{plan.usd_per_million_tokens:.4f} USD/Mtok")
+            run_seeds(name, plan, a)
+            continue
         r = run_case(name, spec, a.steps, a.warmup, a.seed)
         if "error" in r:
             print(f"{name}: infeasible: {r['error']}")
@@ -216,6 +357,7 @@ def main(argv=None) -> int:
               f"{r['cost']:.4f} USD/Mtok)")
         print(f"  replica-steps above the GPU's usable memory (where a runtime must preempt): {n_full:,} "
               f"({n_full / n_all:.4%})")
+        print_episodes(name, r["episodes"])
         ok &= abs(r["p95_err_pct"]) <= 5 and r["memory_ok"]
     print("all within target" if ok else "TARGET MISSED")
     return 0 if ok else 1

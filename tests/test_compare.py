@@ -136,12 +136,25 @@ def test_cli_json_and_plot(tmp_path):
         import matplotlib  # noqa: F401
     except ImportError:
         pytest.skip("matplotlib not installed")
-    png = tmp_path / "bars.png"
+    png = tmp_path / "frontier.png"
     res = CliRunner().invoke(app, ["compare", "--model", "llama-3.1-8b", "--ctx", "8k", "--slo", "60ms",
                                    "--gpus", "h100", "--policies", "opweave,afd", "--max-gpus", "4",
                                    "--plot", str(png), "-q"])
     assert res.exit_code == 0, res.output
-    assert png.stat().st_size > 0
+    assert png.read_bytes().startswith(b"\x89PNG") and b"Software" not in png.read_bytes()
+    # the frontier of the JSON document above: one panel per network cell, a series per policy
+    from opweave_planner.cli.compare import frontier_series, plot_compare
+
+    panels = frontier_series(doc)
+    assert list(panels) == ["ctx 8k, default / 5us", "ctx 8k, default / 500us"]
+    for cell, series in zip(doc["cells"], panels.values()):
+        for p in ("opweave", "colocated"):
+            usd = cell["policies"][p]["usd_per_million_tokens"]
+            assert series[f"{p} on h100"] == ([] if usd is None else [(60.0, usd)])
+    a, b = tmp_path / "a.svg", tmp_path / "b.svg"
+    plot_compare(doc, str(a))
+    plot_compare(doc, str(b))
+    assert a.read_bytes() == b.read_bytes() and b"<dc:date>" not in a.read_bytes()  # deterministic
 
 
 def test_parallel_executor_gives_identical_result(small):

@@ -26,7 +26,7 @@ from opweave_planner.export import TARGETS, build, export_plan
 from opweave_planner.export import dynamo as dynamo_mod
 from opweave_planner.export import llmd as llmd_mod
 from opweave_planner.export.common import HF_REPOS, hf_repo
-from opweave_planner.export.documents import to_yaml
+from opweave_planner.export.documents import strict_schema, to_yaml
 from opweave_planner.inputs.model import bundled_models
 from opweave_planner.plan import plan_bytes
 
@@ -87,23 +87,12 @@ def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-def _strict(schema):
-    """API-server pruning made strict: unknown fields under a schema with `properties` fail."""
-    if isinstance(schema, dict):
-        out = {k: ({pk: _strict(pv) for pk, pv in v.items()} if k == "properties" else _strict(v))
-               for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [_strict(x) for x in schema]
-    return schema
 
 
 def _crd_validator():
     jsonschema = pytest.importorskip("jsonschema")
     doc = json.loads((VENDOR / "dynamo-0.6.0" / "dynamographdeployments.v1alpha1.json").read_text())
-    return jsonschema.Draft7Validator(_strict(doc["openAPIV3Schema"]))
+    return jsonschema.Draft7Validator(strict_schema(doc["openAPIV3Schema"]))
 
 
 def _chart_validator():
@@ -348,7 +337,8 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(tmp_path):
     msg = _one_line_user_error(lambda: export_plan(good, "tensorrt", str(out)))
     assert msg.startswith("--to: unknown target 'tensorrt'; expected one of vllm, sglang, dynamo, llm-d, vllm-afd")
     msg = _one_line_user_error(lambda: export_plan(good, "vllm", str(out), runtime_version="0.9.0"))
-    assert msg == "--runtime-version: vllm 0.9.0 is not supported; pinned: 0.10.2, 0.33.0"
+    assert msg == ("--runtime-version: vllm 0.9.0 is not supported; expected a release from 0.10.2 to 0.33.x "
+                   "(flag tables: 0.10.2, 0.26.0, 0.33.0)")
     doc = json.loads(Path(good).read_bytes())
     doc["schema_version"] = "2.0"
     other = _write(tmp_path, doc, "v2.json")
@@ -413,7 +403,7 @@ def test_hf_repos_match_models_sources():
 
 def test_targets_and_pins_are_the_documented_ones():
     pins = {name: t.versions for name, t in TARGETS.items()}
-    assert pins == {"vllm": ("0.10.2", "0.33.0"), "sglang": ("0.5.23",), "dynamo": ("0.6.0",),
+    assert pins == {"vllm": ("0.10.2", "0.26.0", "0.33.0"), "sglang": ("0.5.4", "0.5.23"), "dynamo": ("0.6.0",),
                     "llm-d": ("0.4.12",), "vllm-afd": ("0.26.0",)}
     doc = (ROOT / "docs" / "export.md").read_text()
     for target, versions in pins.items():

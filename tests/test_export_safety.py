@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -35,7 +36,8 @@ printf '%s\0' "${0##*/}" "$@" > "$log"
 if [ "${0##*/}" = python3 ] && [ "${1-}" = - ]; then exec "$REAL_PYTHON" -I -S "$@"; fi
 exit 0
 """
-FAKE_RESULT = {"p50_tpot_ms": 10.0, "median_tpot_ms": 10.0, "p95_tpot_ms": 12.0}
+FAKE_RESULT = {"p50_tpot_ms": 10.0, "median_tpot_ms": 10.0, "p95_tpot_ms": 12.0, "p99_tpot_ms": 13.0,
+               "p50_ttft_ms": 100.0, "median_ttft_ms": 100.0, "p95_ttft_ms": 200.0, "p99_ttft_ms": 250.0}
 
 
 def payloads(marker: Path) -> list[str]:
@@ -66,7 +68,7 @@ class Stubs:
     def env(self) -> dict[str, str]:
         env = {"PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
                "STUB_LOG": str(self.log), "REAL_PYTHON": sys.executable, "RESULT_DIR": str(self.results),
-               "HOME": str(self.work), "HEAD_ADDRESS": "10.0.0.1", "LC_ALL": "C.UTF-8"}
+               "HOME": str(self.work), "HEAD_ADDRESS": "10.0.0.1", "AFD_HOST": "10.0.0.1", "LC_ALL": "C.UTF-8"}
         env.update({f"NODE{n}_HOST": f"10.0.0.{n + 1}" for n in range(16)})
         return env
 
@@ -482,10 +484,17 @@ def test_memory_share_uses_the_reserve_the_gpu_type_was_searched_with(tmp_path):
     doc["search"]["space"]["memory_reserve_gb_by_gpu"] = {"h100": 20.0}
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(doc))
-    _, files = build(str(path), "vllm")
-    assert "--gpu-memory-utilization 0.75" in files["serve-replica-0.sh"].decode()  # (80 - 20) / 80
-    _, files = build(str(COLOCATED), "vllm")
-    assert "--gpu-memory-utilization 0.95" in files["serve-replica-0.sh"].decode()  # 3.5 GiB: the cap
+    from opweave_planner.inputs.hardware import load_hardware
+    from opweave_planner.latency.memory import nccl_bytes
+
+    tp = doc["owners"][0]["tensor_parallel"]
+    gpu = load_hardware().resolve("h100", "h100")
+    for reserve, plan in ((20.0, path), (3.5, COLOCATED)):
+        _, files = build(str(plan), "vllm")  # vLLM's budget is the searched share: it takes out the reserve itself
+        assert "--gpu-memory-utilization 0.9\n" in files["serve-replica-0.sh"].decode()
+        _, files = build(str(plan), "sglang")  # SGLang's static pool: the usable bytes the search left
+        static = (0.9 * gpu.memory_bytes - reserve * 2**30 - nccl_bytes(gpu, tp)) / gpu.memory_bytes
+        assert f"--mem-fraction-static {math.floor(static * 1e4) / 1e4:g}\n" in files["serve-replica-0.sh"].decode()
 
 
 def test_llmd_refuses_a_weights_path(tmp_path):

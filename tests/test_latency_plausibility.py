@@ -45,6 +45,25 @@ UPPER_EXCEPTIONS = [
      "per-tensor fp8 and weight-only 4-bit fused MoE paths are measured ~3x slower than "
      "fp8_block at small token counts"),
     ("*", "mla", lambda k, c: True, "MLA module = several GEMMs + attention: fixed costs add up"),
+    # the prefill side (context tables): one call over batch x seq_len new tokens
+    ("*", "context_attention", lambda k, c: k[3] >= 256 or k[4] > 0,
+     "head_dim 256/512 and sliding-window prefill kernels: slow measured paths (windowed kernels "
+     "pay for the whole launch grid, the bound counts only the window)"),
+    ("*", "context_attention", lambda k, c: c[0] * c[1] <= 4096,
+     "at most 4096 tokens in the call: launch and tile fill, not FLOPs"),
+    ("*", "context_attention", lambda k, c: c[0] * k[1] <= 64,
+     "at most 64 (request, query head) pairs: too few thread blocks for the tensor cores"),
+    ("*", "context_attention", lambda k, c: k[0] == "fp8",
+     "fp8 KV-cache prefill path: quantising K/V on the way in, measured up to 30x its bound at "
+     "1-4 heads"),
+    ("h200", "context_attention", lambda k, c: k[2:4] == (8, 64),
+     "H200 shapes with 8 KV heads of head_dim 64 at 32-128 requests x 256-1024 tokens: "
+     "outlier cells of the measurement"),
+    ("*", "mla_context", lambda k, c: True, "MLA prefill module = several GEMMs + attention"),
+    ("*", "linear_attention", lambda k, c: c[0] * c[1] <= 4096,
+     "Gated DeltaNet prefill over at most 4096 tokens: two kernels' launches"),
+    ("*", "linear_attention", lambda k, c: c[0] * k[2] <= 32,
+     "at most 32 (request, value head) pairs: the chunked delta rule is sequential over chunks"),
     ("l40s", "allreduce", lambda k, c: k[1] >= 4,
      "4/8-GPU all-reduce over PCIe host bridges shares the root-complex bandwidth"),
 ]
@@ -60,6 +79,13 @@ DOMINANCE_EXCEPTIONS = [
     ("*", "l40s", "gemm", lambda k: k[0] == "fp8" or min(k[1], k[2]) <= 256,
      "fp8 GEMMs with small n or k: per-token activation quantisation costs more on sm90"),
     ("*", "l40s", "mla", lambda k: True, "MLA module at batch 1-4: fixed costs of several kernels"),
+    ("*", "l40s", "context_attention", lambda k: True,
+     "prefill attention: vLLM runs FlashAttention 3 on sm90 and FlashAttention 2 on the L40S; "
+     "at 1-2 KV heads (and fp8 KV) FA3's larger tiles are measured slower"),
+    ("*", "l40s", "mla_context", lambda k: True, "MLA prefill module at 1-16 heads: fixed costs of several kernels"),
+    ("*", "l40s", "linear_attention", lambda k: True,
+     "Gated DeltaNet prefill at 1-8 key heads: the chunked delta rule is sequential over chunks, "
+     "clock-bound rather than bandwidth- or FLOP-bound"),
     ("*", "a100", "moe", lambda k: k[5] >= 16,
      "experts split 16/32 ways (58-116 wide per GPU): different fused-MoE kernels in vLLM "
      "0.14 (A100 data) and 0.24 (H100/H200), both far from any bound"),

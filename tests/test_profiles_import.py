@@ -146,3 +146,32 @@ def test_import_errors_and_cli(tmp_path):
     assert res.exit_code == 0, res.output
     assert "wrote 4 files" in res.output
     assert (tmp_path / "cli" / "tiny" / "vllm" / "gemm.json").is_file()
+
+
+def test_import_prefill_tables(tmp_path):
+    """Context attention (step 0 only) and Gated DeltaNet's context phase (its two kernels summed
+    per cell) are converted with the same fit and floor; lookups read them back measured."""
+    src = _tree(tmp_path / "src")
+    data = src / "systems" / "data" / "tiny_sxm"
+    dev = "Tiny GPU"
+    _write(data / "attention/vllm/1.0/context_attention_perf.parquet", [
+        {"device": dev, "batch_size": b, "isl": s, "num_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+         "beam_width": 1, "kv_cache_dtype": "bfloat16", "step": step, "window_size": 0,
+         "latency": 0.02 + 1e-6 * b * s * (1 + step)}
+        for b in (1, 2) for s in (128, 1024) for step in (0, 5)])
+    _write(data / "linear_attention/vllm/1.0/gdn_perf.parquet", [
+        {"device": dev, "phase": phase, "kernel_source": ks, "batch_size": b, "seq_len": s,
+         "num_k_heads": 4, "head_k_dim": 128, "num_v_heads": 8, "head_v_dim": 128, "latency": 0.01 * (1 + b)}
+        for phase in ("context", "generation") for ks in ("conv", "rule") for b in (1, 2) for s in (256, 512)])
+    out = tmp_path / "profiles"
+    written = {p.name for p in import_aiconfigurator(src, out)}
+    assert {"context_attention.json", "linear_attention.json"} <= written
+    ps = load_profile_set(out, "tiny", "vllm")
+    ctx = ps.table("context_attention")
+    assert ctx.axes["seq_len"] == (128, 1024)
+    np.testing.assert_allclose(ctx.grids[("bfloat16", 8, 2, 64, 0)], [[20.128, 21.024], [20.256, 22.048]], rtol=1e-3)
+    val, src_codes = I.context_attention(ps, [1, 2], 8, 2, 64, 1024)
+    np.testing.assert_allclose(val, [21.024, 22.048], rtol=1e-3)
+    assert (src_codes == I.MEASURED).all()
+    gdn = ps.table("linear_attention")  # context rows only, conv + rule
+    np.testing.assert_allclose(gdn.grids[(4, 128, 8, 128)], [[40.0, 40.0], [60.0, 60.0]])

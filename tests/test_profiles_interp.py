@@ -148,7 +148,9 @@ def test_sources():
     n, k = next(key[1:] for key in table.grids if key[0] == "bfloat16")
     _, src = I.gemm(ps, [1, 18, 40000, 0.5], n, k)
     assert src.tolist() == [I.MEASURED, I.INTERPOLATED, I.CLAMPED, I.CLAMPED]
-    _, src = I.gemm(ps, [1, 64], 4000, 4095)
+    _, src = I.gemm(ps, [1, 64], 4000, 4095)  # inside the measured (n, k) grid: its corners' worst
+    assert src[0] == I.INTERPOLATED and src[1] in (I.INTERPOLATED, I.SMOOTHED)
+    _, src = I.gemm(ps, [1, 64], 100000, 4096)  # wider than any measured n
     assert (src == I.FITTED).all()
     val, src = I.mla_decode(_ps("a100"), [1, 64], 16, 4096)  # a100/vllm has no MLA table
     assert (src == I.FITTED).all() and np.all(np.diff(val) > 0)
@@ -193,3 +195,23 @@ def test_roofline_formula():
     assert abs(float(t) - 1002.0) < 1e-6
     nbytes, flops = rf.elementwise_work([1, 2], 4096, reads=2, writes=1)
     assert nbytes.tolist() == [4096 * 6, 4096 * 12] and flops[1] == 2 * flops[0]
+
+
+def test_gemm_between_measured_shapes_is_bilinear_in_n_and_k():
+    """A shape inside the measured (n, k) grid reads its four measured neighbours (qwen3-32b
+    TP 4's ffn_up, (12800, 5120), lies between n 12288 and 16384): bilinear, INTERPOLATED,
+    and on a grid line it reduces to the measured shapes."""
+    ps = _ps("h100")
+    m = np.array([1.0, 64.0, 4096.0])
+    lo, _ = I.gemm(ps, m, 12288, 5120)
+    hi, _ = I.gemm(ps, m, 16384, 5120)
+    mid, src = I.gemm(ps, m, 12800, 5120)
+    t = (12800 - 12288) / (16384 - 12288)
+    np.testing.assert_allclose(mid, np.maximum((1 - t) * lo + t * hi, mid.min()), rtol=1e-9)
+    assert (src <= I.SMOOTHED).all() and (src >= I.INTERPOLATED).all()
+    both, _ = I.gemm(ps, m, 12800, 5632)  # between k 5120 and 6144 too
+    k_hi, _ = I.gemm(ps, m, 12800, 6144)
+    assert np.all(mid <= both) and np.all(both <= k_hi)
+    # an untrusted dtype reads its sibling's grid between shapes, and says so
+    _, src = I.gemm(ps, m, 12800, 5120, dtype="fp8_block")
+    assert (src == I.FITTED).all()

@@ -1,5 +1,5 @@
 """`regen --hysteresis X%`: keep an entry's placement while it stays feasible and within X % of the
-new optimum; cost-only changes reported apart from topology changes; hysteresis 0 is plain regen."""
+new optimum; cost-only (and provenance-only) changes reported apart from topology changes; hysteresis 0 is plain regen."""
 
 from __future__ import annotations
 
@@ -229,22 +229,22 @@ def test_report_lists_topology_and_cost_changes_apart(base, tmp_path):
     matrix = workspace(base, tmp_path, 2.1)
     report = regen(matrix, tmp_path / "plans", hysteresis="5%")
     d = report.to_dict()
-    topo, cost = d["changes"]["topology"], d["changes"]["cost_only"]
-    assert QWEN_OPWEAVE in topo and LLAMA_H100 not in topo + cost  # h100-only entry: unchanged
-    assert not set(topo) & set(cost) and len(topo) + len(cost) == d["counts"]["changed"]
+    topo, cost, prov = d["changes"]["topology"], d["changes"]["cost_only"], d["changes"]["provenance_only"]
+    assert QWEN_OPWEAVE in topo and LLAMA_H100 not in topo + cost + prov  # h100-only entry: unchanged
+    assert not set(topo) & set(cost) and len(topo) + len(cost) + len(prov) == d["counts"]["changed"]
     before, after = files(base), files(tmp_path / "plans")
     for name in topo:
         assert topology(before[name], after[name])
-    for name in cost:
+    for name in cost + prov:
         assert not topology(before[name], after[name])
     lines = report.lines()
-    assert lines[0].startswith(f"regen: 4 entries via in-process: {len(topo) + len(cost)} changed "
-                               f"({len(topo)} topology, {len(cost)} cost only)")
+    assert lines[0].startswith(f"regen: 4 entries via in-process: {len(topo) + len(cost) + len(prov)} changed "
+                               f"({len(topo)} topology, {len(cost)} cost only, {len(prov)} provenance only)")
     assert lines[0].endswith(f"; hysteresis 5 %: {len(d['kept'])} placement(s) kept")
     t = lines.index(f"  topology changes (placement, GPUs or batch): {len(topo)}")
     assert [ln.split()[1] for ln in lines[t + 1:t + 1 + len(topo)]] == [n + ":" for n in topo]
     if cost:
-        c = lines.index(f"  cost-only changes (same placement, new prices or inputs): {len(cost)}")
+        c = lines.index(f"  cost-only changes (same placement, new cost or TPOT): {len(cost)}")
         assert c > t and [ln.split()[1] for ln in lines[c + 1:c + 1 + len(cost)]] == [n + ":" for n in cost]
     row = next(r for r in d["files"] if r["name"] == QWEN_OPWEAVE)
     assert row["change"] == "topology" and row["kept"] is False and row["premium_pct"] > 5

@@ -35,22 +35,24 @@ def _stamp(doc) -> str:
     return plan_version(doc.model_copy(update={"binding": None}))
 
 
-def test_a_truncated_trace_is_a_1_4_file_and_says_what_was_cut():
+def test_a_truncated_trace_is_a_1_8_file_and_says_what_was_cut():
     doc = _plan(slo="60ms", workload=str(AZURE), max_model_len="2k", overflow="truncate", max_stages=1)
     d = doc.workload.distribution
-    assert _stamp(doc) == "1.4" and d.overflow == "truncate"
+    assert _stamp(doc) == "1.8" and d.overflow == "truncate"  # 1.4's value, 1.8's event record
     assert d.dropped == 0 and d.requests == d.rows and d.clipped > 0 and d.max_context <= 2047
     clip = _plan(slo="60ms", workload=str(AZURE), max_model_len="2k", max_stages=1)
-    assert _stamp(clip) == "1.3" and clip.workload.distribution.dropped > 0
+    assert _stamp(clip) == "1.8" and clip.workload.distribution.dropped > 0
 
 
 def test_a_workload_plan_records_its_workload_and_tpot_distribution():
     doc = _plan(slo="30ms", workload=str(MOONCAKE), scale_ctx="8k")
-    assert _stamp(doc) == "1.3"
+    assert _stamp(doc) == "1.8"
     d = doc.workload.distribution
     assert d.source == "trace" and d.format == "mooncake" and len(d.sha256) == 64
     assert d.rows == 2006 and d.requests + d.dropped == d.rows
     assert abs(d.theta - 8192) < 1 and d.slo_percentile == 95 and d.kv_quantile == 0.999
+    assert d.preemptions_per_request == 1e-4
+    assert all(o.kv_events.per_request_at_reserve <= 1e-4 for o in doc.owners)
     assert d.scenarios == 256 and d.seed == 0 and d.context_knots >= 2
     assert doc.workload.context_tokens == d.max_context + 1  # prompt + output: what max-model-len must admit
     t = doc.tpot
@@ -140,9 +142,9 @@ def test_a_one_token_workload_plans():
     assert doc.workload.distribution.max_context <= 1 and doc.tpot is not None
 
 
-def test_a_sized_workload_plan_stays_1_3_and_sizes_on_the_mean(tmp_path):
+def test_a_sized_workload_plan_stays_1_8_and_sizes_on_the_mean(tmp_path):
     doc = _plan(slo="30ms", workload=str(AZURE), policy="colocated", target_tokens_per_s=5000)
-    assert _stamp(doc) == "1.3" and doc.deployment is not None
+    assert _stamp(doc) == "1.8" and doc.deployment is not None
     per_copy = doc.global_batch * 1000 / doc.tpot.mean_ms
     assert doc.deployment.tokens_per_s_per_copy == pytest.approx(per_copy, rel=1e-6)
 

@@ -135,7 +135,7 @@ def make_request(model=None, slo=None, ctx=None, **values) -> PlanRequest:
 def _infeasible(ctx, jobs: int, stats) -> Infeasible:
     """The record of a request no plan meets, naming the binding constraint (ctx: the compiled
     request): a search without the SLO tells whether memory or the SLO binds."""
-    from opweave_planner.plan import Workload, infeasible_version, workload_record
+    from opweave_planner.plan import infeasible_version, workload_of, workload_record
     from opweave_planner.search.driver import run_search
 
     req = ctx.request
@@ -160,10 +160,9 @@ def _infeasible(ctx, jobs: int, stats) -> Infeasible:
         what = "TPOT" if not req.stochastic else f"p{req.percentile:g} step TPOT"
         reason = (f"the lowest achievable {what} is {lowest:.1f} ms > SLO {req.slo_ms:g} ms "
                   f"(policy {req.policy.value}, GPUs {','.join(req.gpus)})")
-    dist = workload_record(req, ctx)
-    return Infeasible(schema_version=infeasible_version(stats.space, dist), model=ctx.seq.model.name,
-                      workload=Workload(context_tokens=ctx.context_tokens, tpot_slo_ms=req.slo_ms,
-                                        distribution=dist),
+    workload = workload_of(req, ctx.context_tokens, workload_record(req, ctx))
+    return Infeasible(schema_version=infeasible_version(stats.space, workload=workload), model=ctx.seq.model.name,
+                      workload=workload,
                       policy=str(req.policy.value), reason=reason, binding=binding.value,
                       lowest_tpot_ms=lowest)
 

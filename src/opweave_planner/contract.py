@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from opweave_planner.errors import UserError
+from opweave_planner.errors import UserError, printable
 from opweave_planner.plan import (
     DIFF_WORDS,
     FLAG_AT,
@@ -339,7 +339,8 @@ class Reevaluation:
                 {"index": o.index, "gpu": o.gpu, "tensor_parallel": o.tensor_parallel, "replicas": o.replicas,
                  "usd_per_hour_per_replica": o.usd_per_hour_per_replica, "busy_fraction": o.busy_fraction,
                  "memory_bytes_per_gpu": o.memory_bytes_per_gpu,
-                 "usable_memory_bytes_per_gpu": float(f"{usable:.9g}"), "fits_memory": need <= usable}
+                 "usable_memory_bytes_per_gpu": float(f"{usable:.9g}"), "fits_memory": need <= usable,
+                 **({} if o.kv_events is None else {"kv_events": o.kv_events.model_dump()})}
                 for o, (need, usable) in zip(p.owners, self.memory, strict=True)
             ],
             "metrics": p.metrics.model_dump(),
@@ -386,11 +387,14 @@ def _hardware(plan: Plan, req):
 def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     """The PlanRequest a plan file records (model, workload, policy, searched space, backend,
     network), with `overrides` (PlanRequest field names; None = keep the plan's)."""
-    from opweave_planner.inputs.request import WORKLOAD_ONLY, make_request
+    from opweave_planner.inputs.request import CTX_ONLY, WORKLOAD_ONLY, make_request
 
     values = recorded_values(plan)
     dist = plan.workload.distribution
     given = {k: v for k, v in overrides.items() if v is not None}
+    if "ctx" in given or "workload" in given:  # another context: its own prompt and output lengths
+        for key in CTX_ONLY:
+            values.pop(key, None)
     if "ctx" in given:  # re-evaluate at one fixed context: drop the recorded workload settings
         for key in ("workload", *WORKLOAD_ONLY):
             values.pop(key, None)
@@ -531,7 +535,13 @@ def _pct(old: float, new: float) -> str:
 
 
 def _request(p: Plan | Infeasible) -> dict[str, Any]:
-    return {"model": p.model, "policy": p.policy, "workload": p.workload.model_dump()}
+    """What a plan answers, with the window it admits beside the context it planned for. A trace
+    is identified by its sha256, not the path it was read at (the same file in two checkouts is
+    the same workload)."""
+    w = p.workload.model_dump()
+    if (w.get("distribution") or {}).get("sha256"):
+        w["distribution"] = {k: v for k, v in w["distribution"].items() if k != "workload"}
+    return {"model": p.model, "policy": p.policy, "workload": w, "window": p.workload.window}
 
 
 def _request_words(ro: dict[str, Any], rn: dict[str, Any]) -> str:
@@ -540,11 +550,16 @@ def _request_words(ro: dict[str, Any], rn: dict[str, Any]) -> str:
     def show(x: Any) -> str:
         return "none" if x is None else f"{x:g}" if isinstance(x, float) else str(x)
 
-    # two workload plans: the context key is derived (the longest request), not a setting
-    both = value_at(ro, "workload.distribution") and value_at(rn, "workload.distribution")
-    derived = {"workload.context_tokens"} if both else set()
-    parts = [f"{word} {show(value_at(ro, key))} -> {show(value_at(rn, key))}"
-             for key, word in DIFF_WORDS if key not in derived and value_at(ro, key) != value_at(rn, key)]
+    # a workload plan's context key is derived (its longest request), not a setting: the planned
+    # context is --ctx or none, and the window each admits is named on its own
+    def planned(r: dict[str, Any], key: str) -> Any:
+        derived = key == "workload.context_tokens" and value_at(r, "workload.distribution")
+        return None if derived else value_at(r, key)
+
+    parts = [f"{word} {show(planned(ro, key))} -> {show(planned(rn, key))}"
+             for key, word in DIFF_WORDS if planned(ro, key) != planned(rn, key)]
+    if ro["window"] != rn["window"]:
+        parts.append(f"window {ro['window']} -> {rn['window']}")
     return "request: " + (", ".join(parts) if parts else "the workload's derived figures differ")
 
 
@@ -591,4 +606,7 @@ def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]
         notes.append("metrics differ")
     if old.search != new.search:
         notes.append("search statistics or searched space differ")
+    do, dn = old.workload.distribution, new.workload.distribution
+    if do is not None and dn is not None and do.sha256 and do.workload != dn.workload:
+        notes.append(f"trace recorded as {printable(do.workload)} -> {printable(dn.workload)} (same sha256)")
     return {"equivalent": not changes, "changes": changes, "inputs_changed": inputs, "notes": notes}

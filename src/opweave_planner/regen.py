@@ -30,7 +30,15 @@ to the matrix, or inline laws; `scale_ctx`, `slo_percentile`, ... as settings). 
 becomes `<out>/<model>_ctx<ctx>_slo<slo>_<gpu+gpu>_<policy>.json` (a workload:
 `..._wl-<file stem>[-scale<ctx>]_...`), a plan or an infeasibility record. Files are compared byte for byte and rewritten atomically only when
 different. Exit status: 1 when any file was written or removed, 0 when none, 2 on bad input or
-when an entry still failed after its retries (the others are written all the same).
+when an entry still failed after its retries (the others are written all the same), 3 when an
+entry's plan is not deployable (below) or, with `fail_on` naming it, an entry is infeasible.
+
+`deployable = "vllm"` (at the top or in an entry; `--deployable` for every entry naming none,
+"any" for no requirement) asks for plans that export target runs: the search runs under the
+target's own limits (`Target.search_limits`, for vllm/sglang/dynamo/llm-d one stage on one
+owner), so the file holds the cheapest plan that runtime runs, and the result is checked with
+the target's own rule (`export.registry.runs`). A plan that still fails it (vllm-afd: no search
+limit expresses an attention | FFN split) is not written and reported `undeployable`.
 
 Stable regeneration (`hysteresis` > 0, see docs/regen.md): when the new optimum's placement
 differs from the entry's existing plan, that plan is re-evaluated under the new inputs
@@ -69,7 +77,7 @@ from opweave_planner.regen_matrix import AXES, RegenTask, load_matrix
 
 __all__ = ["AXES", "CACHE_FILE", "MAX_HYSTERESIS", "MAX_OWN_BYTES", "TOPOLOGY_ASPECTS", "EntryResult",
            "FileChange", "RegenJob", "RegenReport", "RegenTask", "check_own_file", "code_hash", "fingerprint",
-           "load_matrix", "parse_hysteresis", "premium_pct", "regen", "run_job", "run_task", "topology_changes",
+           "load_matrix", "parse_fail_on", "parse_hysteresis", "premium_pct", "regen", "run_job", "run_task", "topology_changes",
            "within_hysteresis"]
 
 
@@ -198,6 +206,8 @@ def run_job(job: RegenJob) -> EntryResult:
         why = f"previous placement misses the SLO ({again.tpot_ms:.4g} ms > {prev.workload.tpot_slo_ms:g} ms)"
     elif not ev.fits_memory:
         why = "previous placement no longer fits memory"
+    elif task.deployable and not _runs(task.deployable, orjson.loads(plan_bytes(again))):
+        why = f"previous placement is not one {task.deployable} runs"
     if why:
         return EntryResult(optimum, note=f"replaced: {why}")
     if within_hysteresis(again.usd_per_million_tokens, plan.usd_per_million_tokens, job.hysteresis):
@@ -206,7 +216,33 @@ def run_job(job: RegenJob) -> EntryResult:
     return EntryResult(optimum, premium_pct=pct, note=f"replaced: {_premium(pct)} (> {job.hysteresis:g} %)")
 
 
+def _runs(runtime: str, doc: dict) -> bool:
+    from opweave_planner.export.registry import runs
+
+    return runs(runtime, doc)
+
+
 # ----------------------------------------------------------------------------- regen
+
+# what `fail_on` may name: conditions that make regen exit 3 (an undeployable plan always does)
+FAIL_ON = ("infeasible", "undeployable")
+
+
+def parse_fail_on(text: object, field: str = "--fail-on") -> tuple[str, ...]:
+    """'infeasible' or 'infeasible,undeployable' -> the conditions (empty: none)."""
+    if text is None or text == "":
+        return ()
+    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
+    out = []
+    for item in items:
+        word = str(item).strip()
+        if word not in FAIL_ON:
+            raise UserError(f"{field}: unknown condition '{printable(word)}'; expected {' or '.join(FAIL_ON)} "
+                            f"(comma-separated)")
+        if word not in out:
+            out.append(word)
+    return tuple(out)
+
 
 @dataclass
 class FileChange:
@@ -214,15 +250,24 @@ class FileChange:
     record, so they are made printable here, once, for every report (text and JSON)."""
 
     name: str
-    status: str  # new | changed | unchanged | removed | failed | stale
+    status: str  # new | changed | unchanged | removed | failed | stale | undeployable
     summary: str = ""
-    kind: str = ""  # for a changed file: "topology" (placement, GPUs, batch, feasibility) or "cost"
+    # for a changed file: "topology" (placement, GPUs, batch, feasibility), "cost" (cost or TPOT
+    # moved, same placement) or "provenance" (same placement and figures; only inputs recorded)
+    kind: str = ""
     kept: bool = False  # the previous placement was kept (hysteresis)
     premium_pct: float | None = None  # previous placement's cost over the new optimum's, %
     note: str = ""  # the hysteresis decision in words
+    binding: str = ""  # the file holds an infeasibility record: its binding constraint (slo, memory)
+    reason: str = ""  # ... and its reason
 
     def __post_init__(self) -> None:
-        self.name, self.summary, self.note = (printable(x) for x in (self.name, self.summary, self.note))
+        self.name, self.summary, self.note, self.binding, self.reason = (
+            printable(x) for x in (self.name, self.summary, self.note, self.binding, self.reason))
+
+    @property
+    def infeasible(self) -> bool:
+        return bool(self.reason)
 
 
 @dataclass
@@ -231,6 +276,7 @@ class RegenReport:
     entries: int
     files: list[FileChange]
     hysteresis: float = 0.0
+    fail_on: tuple[str, ...] = ()
 
     def count(self, status: str) -> int:
         return sum(f.status == status for f in self.files)
@@ -243,11 +289,18 @@ class RegenReport:
     def exit_code(self) -> int:
         if self.count("failed"):
             return 2
+        if self.count("undeployable") or ("infeasible" in self.fail_on and self.infeasible):
+            return 3
         return 1 if self.written else 0
 
+    @property
+    def infeasible(self) -> list[FileChange]:
+        """Entries whose file holds (or would hold) an infeasibility record, in matrix order."""
+        return [f for f in self.files if f.infeasible]
+
     def changed(self, kind: str) -> list[FileChange]:
-        """Changed files of one kind ("topology" or "cost"), in matrix order."""
-        return [f for f in self.files if f.status == "changed" and f.kind == kind]
+        """Changed feasible files of one kind ("topology", "cost" or "provenance"), in matrix order."""
+        return [f for f in self.files if f.status == "changed" and f.kind == kind and not f.infeasible]
 
     @property
     def kept(self) -> list[FileChange]:
@@ -255,21 +308,32 @@ class RegenReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"executor": self.executor, "entries": self.entries, "hysteresis_pct": self.hysteresis,
-                "counts": {s: self.count(s) for s in ("new", "changed", "unchanged", "removed", "stale", "failed")},
+                "counts": {**{s: self.count(s) for s in ("new", "changed", "unchanged", "removed", "stale",
+                                                          "failed", "undeployable")},
+                           "infeasible": len(self.infeasible)},
                 "changes": {"topology": [f.name for f in self.changed("topology")],
-                            "cost_only": [f.name for f in self.changed("cost")]},
+                            "cost_only": [f.name for f in self.changed("cost")],
+                            "provenance_only": [f.name for f in self.changed("provenance")]},
                 "kept": [f.name for f in self.kept],
+                "infeasible": [{"name": f.name, "binding": f.binding or None, "reason": f.reason}
+                               for f in self.infeasible],
+                "fail_on": list(self.fail_on),
                 "files": [{"name": f.name, "status": f.status, "summary": f.summary, "change": f.kind or None,
-                           "kept": f.kept, "premium_pct": _num(f.premium_pct), "note": f.note}
+                           "kept": f.kept, "premium_pct": _num(f.premium_pct), "note": f.note,
+                           "binding": f.binding or None, "reason": f.reason or None}
                           for f in self.files],
                 "exit_code": self.exit_code}
 
     def lines(self) -> list[str]:
         c = self.to_dict()["counts"]
-        topo, cost = self.changed("topology"), self.changed("cost")
+        topo, cost, prov = self.changed("topology"), self.changed("cost"), self.changed("provenance")
+        bad = self.infeasible
         head = (f"regen: {self.entries} entries via {self.executor}: {c['changed']} changed "
-                f"({len(topo)} topology, {len(cost)} cost only), {c['new']} new, "
+                f"({len(topo)} topology, {len(cost)} cost only, {len(prov)} provenance only), {c['new']} new, "
                 f"{c['unchanged']} unchanged" + (f", {c['removed']} removed" if c["removed"] else "")
+                + (f", {len(bad)} infeasible" + (" (--fail-on infeasible)" if "infeasible" in self.fail_on else "")
+                   if bad else "")
+                + (f", {c['undeployable']} UNDEPLOYABLE (not written)" if c["undeployable"] else "")
                 + (f", {c['stale']} not in the matrix (kept; --prune removes)" if c["stale"] else "")
                 + (f", {c['failed']} FAILED" if c["failed"] else ""))
         if self.hysteresis > 0:
@@ -281,7 +345,9 @@ class RegenReport:
             return f"    {f.status:<9} {f.name}" + (f": {words}" if words else "")
 
         for title, group in (("topology changes (placement, GPUs or batch)", topo),
-                             ("cost-only changes (same placement, new prices or inputs)", cost)):
+                             ("cost-only changes (same placement, new cost or TPOT)", cost),
+                             ("provenance-only changes (same placement, cost and TPOT; recorded inputs "
+                              "changed)", prov)):
             if group:
                 out.append(f"  {title}: {len(group)}")
                 out.extend(line(f) for f in group)
@@ -289,7 +355,10 @@ class RegenReport:
         if quiet:
             out.append(f"  kept placements, file unchanged: {len(quiet)}")
             out.extend(line(f) for f in quiet)
-        rest = [f for f in self.files if f.status not in ("unchanged", "changed")]
+        if bad:  # every infeasible entry, whatever its file did: the reason is the news
+            out.append(f"  infeasible (no plan meets the request): {len(bad)}")
+            out.extend(f"    {f.status:<9} {f.name}: {f.binding or 'binding not recorded'}: {f.reason}" for f in bad)
+        rest = [f for f in self.files if f.status not in ("unchanged", "changed") and not f.infeasible]
         if rest:
             out.append(f"  other: {len(rest)}")
             out.extend(line(f) for f in rest)
@@ -304,7 +373,8 @@ def _num(x: float | None) -> float | None:
 
 def _change_summary(old: bytes, new: bytes) -> tuple[str, str]:
     """Words for what changed between two versions of a plan file, and the kind of change
-    ("topology" when placement, GPUs, batch or feasibility changed, else "cost")."""
+    ("topology" when placement, GPUs, batch or feasibility changed, "cost" when only the cost
+    or TPOT did, "provenance" when neither: a price of a GPU the plan does not use, say)."""
     import orjson
 
     from opweave_planner.contract import diff_plans, parse_plan
@@ -315,9 +385,10 @@ def _change_summary(old: bytes, new: bytes) -> tuple[str, str]:
         return "previous file was not a readable plan", "topology"
     d = diff_plans(a, b)
     parts = [c["summary"] for c in d["changes"]]
-    kind = "topology" if any(c["aspect"] in TOPOLOGY_ASPECTS for c in d["changes"]) else "cost"
+    kind = ("topology" if any(c["aspect"] in TOPOLOGY_ASPECTS for c in d["changes"])
+            else "cost" if d["changes"] else "provenance")
     if not parts:
-        parts = ["same plan; inputs changed: " + (", ".join(d["inputs_changed"]) or "none")]
+        parts = ["same plan, same cost and TPOT; inputs changed: " + (", ".join(d["inputs_changed"]) or "none")]
         parts += d["notes"]
     return "; ".join(parts), kind
 
@@ -340,8 +411,8 @@ def _is_plan_file(path: Path) -> bool:
 def _entry_line(index: int, total: int, change: FileChange, value: bytes | None) -> str:
     from opweave_planner.report import entry_line, measured_share
 
-    if change.status == "failed":
-        return printable(f"[{index}/{total}] {change.name}: FAILED ({change.summary})")
+    if change.status in ("failed", "undeployable"):
+        return printable(f"[{index}/{total}] {change.name}: {change.status.upper()} ({change.summary})")
     doc = orjson_loads(value)
     usd = doc.get("usd_per_million_tokens")
     status = change.status + (f"; {change.note}" if change.note else "")
@@ -357,22 +428,26 @@ def orjson_loads(data: bytes | None) -> dict:
 
 
 def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = None, retries: int = 1,
-          prune: bool = False, log=None, hysteresis: float | str = 0.0) -> RegenReport:
+          prune: bool = False, log=None, hysteresis: float | str = 0.0, deployable: str | None = None,
+          fail_on: object = ()) -> RegenReport:
     """Plan every entry; write changed files as each entry finishes; `log(line)` per entry.
 
     `hysteresis` (percent, or text such as '5%'): keep an entry's existing placement while it
     stays feasible and within that share of the new optimum's cost (0: always the optimum).
+    `deployable`: the runtime every entry naming none must run on; `fail_on`: conditions that
+    make the exit status 3 ("infeasible").
     """
     from opweave_planner.atomic import check_writable_folder
     from opweave_planner.executor import make_executor
 
     hysteresis = parse_hysteresis(hysteresis)
-    tasks = load_matrix(matrix)
+    fail_on = parse_fail_on(fail_on)
+    tasks = load_matrix(matrix, deployable)
     executor = make_executor(jobs, ray, retries)
     prints = {}
     for t in tasks:  # reads every entry's inputs: a bad one fails here, before --out is created
         try:
-            prints[t.name] = fingerprint(t.request, hysteresis)
+            prints[t.name] = fingerprint(t.request, hysteresis, t.deployable)
         except UserError as exc:
             raise UserError(f"{printable(matrix)}: {t.name}: {exc}") from None
     # before any search: --out, the cache record and every entry's file must be writable
@@ -390,7 +465,7 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
         if seen is not None and seen["fingerprint"] == prints[t.name] and seen["sha256"] == _file_sha(out / t.name):
             note = "; ".join(x for x in (seen["note"], "inputs unchanged: not re-planned") if x)
             changes[i] = FileChange(t.name, "unchanged", kept=seen["kept"], premium_pct=seen["premium_pct"],
-                                    note=note)
+                                    note=note, **_infeasibility(_previous(out / t.name)))
             if log:
                 log(_entry_line(len(changes), len(tasks), changes[i], _previous(out / t.name)))
         else:
@@ -406,11 +481,21 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
         else:
             result = res.value if isinstance(res.value, EntryResult) else EntryResult(res.value)
             value = result.value
-            decided = {"kept": result.kept, "premium_pct": result.premium_pct, "note": result.note}
+            decided = {"kept": result.kept, "premium_pct": result.premium_pct, "note": result.note,
+                       **_infeasibility(value)}
             path = out / task.name
             problem = _own_file_problem(path)
+            doc = orjson_loads(value)
             if problem:  # it changed since the check up front
                 change = FileChange(task.name, "failed", f"'{path}' {problem}")
+            elif task.deployable and doc.get("feasible") is not False and not _runs(task.deployable, doc):
+                from opweave_planner.export.common import shape_words
+                from opweave_planner.plan import Plan
+
+                shape = shape_words(Plan.model_validate(doc))
+                change = FileChange(task.name, "undeployable", f"{task.deployable} cannot run the optimum "
+                                    f"({shape}); file left as it was", **decided)
+                value = None
             else:
                 old = _previous(path)
                 if old == value:
@@ -423,7 +508,7 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
                         summary, kind = _change_summary(old, value)
                         change = FileChange(task.name, "changed", summary, kind, **decided)
         changes[index] = change
-        if change.status == "failed":
+        if change.status in ("failed", "undeployable"):
             cache.pop(task.name, None)
         else:
             cache[task.name] = {"fingerprint": prints[task.name], "sha256": hashlib.sha256(value).hexdigest(),
@@ -454,4 +539,15 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
                     files.append(FileChange(stale.name, "removed", "not in the matrix"))
                 else:
                     files.append(FileChange(stale.name, "stale", "not in the matrix"))
-    return RegenReport(executor.name, len(tasks), files, hysteresis)
+    return RegenReport(executor.name, len(tasks), files, hysteresis, fail_on)
+
+
+def _infeasibility(value: bytes | None) -> dict[str, str]:
+    """An infeasibility record's binding constraint and reason, as FileChange fields ({}: a plan)."""
+    try:
+        doc = orjson_loads(value)
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(doc, dict) or doc.get("feasible") is not False:
+        return {}
+    return {"binding": str(doc.get("binding") or ""), "reason": str(doc.get("reason") or "no reason recorded")}

@@ -80,10 +80,11 @@ def code_hash() -> str:
     return h.hexdigest()
 
 
-def fingerprint(req, hysteresis: float = 0.0) -> str:
+def fingerprint(req, hysteresis: float = 0.0, deployable: str | None = None) -> str:
     """Everything a plan depends on: the code, the request, and the content of every input it
     reads (model file, the searched GPU types' catalog entries, prices and profile files, the
-    network, a workload file). Equal fingerprints give equal plan bytes."""
+    network, a workload file), and the runtime the plan must run on. Equal fingerprints give
+    equal plan bytes."""
     from types import SimpleNamespace
 
     from opweave_planner.compile import hardware_for
@@ -94,7 +95,7 @@ def fingerprint(req, hysteresis: float = 0.0) -> str:
 
     prov = provenance(hardware_for(req), SimpleNamespace(model=load_model(req.model)), req.gpus, req.profiles,
                       req.backend)
-    parts = [code_hash(), req.model_dump_json(), prov.model_dump_json(), repr(float(hysteresis))]
+    parts = [code_hash(), req.model_dump_json(), prov.model_dump_json(), repr(float(hysteresis)), repr(deployable)]
     path = None if req.workload is None else named_file(req.workload)
     if path is not None:  # a trace's sha256 is cached from the request's own read; a law is small
         parts.append(trace_sha256(path) or _stream_sha(path))

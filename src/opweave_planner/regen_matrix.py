@@ -15,6 +15,9 @@ from opweave_planner.errors import UserError, printable
 # the cross-product axes of an [[entry]] and the PlanRequest field each one sets
 AXES = {"models": "model", "contexts": "ctx", "slos": "slo", "gpus": "gpus", "policies": "policy"}
 PATH_SETTINGS = ("prices", "catalog", "profiles")
+# regen's own key (not a PlanRequest setting): the runtime every plan must run on, or "any"
+DEPLOYABLE = "deployable"
+ANY_RUNTIME = "any"
 ALIASES = {"tps": "tensor_parallel_sizes"}  # spellings of matrices written before schema 1.2
 
 
@@ -30,6 +33,7 @@ class RegenTask:
 
     name: str
     request: Any
+    deployable: str | None = None  # an export target that must run the plan (None: any plan)
 
 
 MAX_MATRIX_BYTES = 16 << 20  # a matrix is a few KiB of TOML
@@ -55,6 +59,30 @@ def _workload_value(base: Path, value: object) -> str:
 
     text = str(value)
     return text if is_inline_law(text) and not os.path.lexists(base / text) else _abs(base, text)
+
+
+def deployable_target(value: object, where: str) -> str | None:
+    """A `deployable` value: an export target's name, or "any" (None: no requirement)."""
+    from opweave_planner.export.registry import target
+
+    if value is None or value == ANY_RUNTIME:
+        return None
+    return target(value, f"{where}: {DEPLOYABLE}").name
+
+
+def _deployable_request(given: dict[str, Any], runtime: str | None):
+    """The entry's request, under `runtime`'s search limits (the tighter of the entry's own and
+    the target's): the search then returns the cheapest plan that runtime runs."""
+    from opweave_planner import api
+
+    req = api.make_request(**given)
+    if runtime is None:
+        return req
+    from opweave_planner.export.registry import TARGETS
+
+    tighter = {k: v for k, v in TARGETS[runtime].search_limits.items()
+               if getattr(req, k) is None or getattr(req, k) > v}
+    return api.make_request(**{**given, **tighter}) if tighter else req
 
 
 def _list(value: Any, key: str, where: str) -> list:
@@ -95,9 +123,9 @@ def _length_label(req) -> str:
     return _safe(f"wl-{stem}{scale}")
 
 
-def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> list[tuple[str, Any, str]]:
-    """(file name, request, label) for every combination of one [[entry]]."""
-    from opweave_planner import api
+def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path,
+                 runtime: str | None = None) -> list[tuple[str, Any, str, str | None]]:
+    """(file name, request, label, deployable) for every combination of one [[entry]]."""
     from opweave_planner.inputs.model import load_model
 
     if not isinstance(entry, dict):
@@ -115,7 +143,9 @@ def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> lis
     lists = {k: _list(entry[k], k, ew) for k in axes}
     if "workloads" in lists:
         lists["contexts"] = [_workload_value(base, w) for w in lists.pop("workloads")]
-    rest = {k: v for k, v in entry.items() if k not in axes and k != "space"}
+    if DEPLOYABLE in entry:
+        runtime = deployable_target(entry[DEPLOYABLE], ew)
+    rest = {k: v for k, v in entry.items() if k not in axes and k not in ("space", DEPLOYABLE)}
     settings = {**common, **_settings(entry.get("space", {}), f"{ew}: space", base, _settings_keys()),
                 **_settings(rest, ew, base, _settings_keys())}
     out = []
@@ -126,19 +156,23 @@ def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path) -> lis
                     for policy in lists["policies"]:
                         label = printable(f"{ew} ({model}, {ctx}, {slo}, {gpus}, {policy})")
                         length = {"workload": ctx} if "workloads" in entry else {"ctx": ctx}
+                        given = dict(model=str(model), slo=str(slo), gpus=str(gpus), policy=str(policy),
+                                     **{**settings, **length})
                         try:
-                            req = api.make_request(model=str(model), slo=str(slo), gpus=str(gpus),
-                                                   policy=str(policy), **{**settings, **length})
+                            req = _deployable_request(given, runtime)
                             name = load_model(req.model).name
                         except UserError as exc:
                             raise UserError(f"{label}: {exc}") from None
                         out.append((f"{_safe(name)}_{_length_label(req)}_slo{req.slo_ms:g}ms_"
-                                    f"{'+'.join(req.gpus)}_{req.policy.value}.json", req, label))
+                                    f"{'+'.join(req.gpus)}_{req.policy.value}.json", req, label, runtime))
     return out
 
 
-def load_matrix(path: str | Path) -> list[RegenTask]:
-    """Expand a matrix file into validated tasks (every entry checked before anything runs)."""
+def load_matrix(path: str | Path, deployable: str | None = None) -> list[RegenTask]:
+    """Expand a matrix file into validated tasks (every entry checked before anything runs).
+
+    `deployable` (regen's --deployable) is the runtime for every entry that names none: a
+    `deployable` key at the top of the matrix or in an entry wins ("any": no requirement)."""
     from opweave_planner.atomic import read_input
 
     p = Path(path)
@@ -150,8 +184,11 @@ def load_matrix(path: str | Path) -> list[RegenTask]:
         # or an integer over Python's 4300-digit conversion limit
         raise UserError(f"--matrix: '{where}' is not valid TOML ({printable(exc)})") from None
     base = Path(os.path.realpath(p)).parent
-    top = {k: v for k, v in obj.items() if k not in ("space", "entry")}
-    common = {**_settings(top, where, base, (*_settings_keys(), "space", "entry")),
+    runtime = deployable_target(deployable, "--deployable")
+    if DEPLOYABLE in obj:
+        runtime = deployable_target(obj[DEPLOYABLE], where)
+    top = {k: v for k, v in obj.items() if k not in ("space", "entry", DEPLOYABLE)}
+    common = {**_settings(top, where, base, (*_settings_keys(), "space", "entry", DEPLOYABLE)),
               **_settings(obj.get("space", {}), f"{where}: space", base, _settings_keys())}
     entries = obj.get("entry")
     if not isinstance(entries, list) or not entries:
@@ -159,9 +196,9 @@ def load_matrix(path: str | Path) -> list[RegenTask]:
     tasks: list[RegenTask] = []
     names: dict[str, str] = {}
     for e_i, entry in enumerate(entries):
-        for name, req, label in _entry_tasks(entry, f"{where}: entry {e_i + 1}", common, base):
+        for name, req, label, need in _entry_tasks(entry, f"{where}: entry {e_i + 1}", common, base, runtime):
             if name in names:
                 raise UserError(f"{where}: {label} duplicates {names[name]} (both write {name})")
             names[name] = label
-            tasks.append(RegenTask(name=name, request=req))
+            tasks.append(RegenTask(name=name, request=req, deployable=need))
     return tasks

@@ -166,6 +166,23 @@ def tpot_words(plan: Any) -> str:
     return f"p{_get(stats, 'percentile'):g} TPOT {_get(plan, 'tpot_ms'):.2f} ms (mean {_get(stats, 'mean_ms'):.2f})"
 
 
+def kv_event_words(plan: Any) -> str | None:
+    """The KV overflow line of a workload plan (schema 1.8), its worst owner's figures in words;
+    None when the plan records none."""
+    dist = _get(_get(plan, "workload"), "distribution")
+    owners = [o for o in _get(plan, "owners") or [] if _get(o, "kv_events")]
+    if not owners or not dist:
+        return None
+    ev = [_get(o, "kv_events") for o in owners]
+    worst = max(ev, key=lambda e: (_get(e, "per_request_at_usable"), _get(e, "per_request_at_reserve")))
+    return (f"KV memory: {_get(worst, 'per_request_at_usable'):.2g} forced preemptions per request at the "
+            f"usable memory ({_get(worst, 'per_replica_hour_at_usable'):.2g} per replica-hour), "
+            f"{_get(worst, 'per_request_at_reserve'):.2g} crossings of the reserve per request "
+            f"(target {_get(dist, 'preemptions_per_request'):g}), "
+            f"{_get(worst, 'share_above_reserve'):.3%} of steps above the reserve "
+            f"(kv-quantile {_get(dist, 'kv_quantile'):g})")
+
+
 def plan_headline(plan: Any) -> str:
     wl = _get(plan, "workload")
     owners = _get(plan, "owners") or []
@@ -276,6 +293,9 @@ def summary_lines(plan: Any, *, alternatives: Sequence[tuple[str, float | None, 
                  + ("unknown (plan written before schema 1.1)" if share is None else
                     f"{share:.0%} (latency-weighted over stages; the rest is a fitted roofline or "
                     f"clamped at a table edge)"))
+    events = kv_event_words(plan)
+    if events:
+        lines.append(events)
     why = binding_line(plan)
     if why:
         lines.append(why)

@@ -121,43 +121,70 @@ def _pyplot():
     return plt
 
 
-def plot_compare(result: dict[str, Any], path: str) -> None:
-    """Grouped bars of USD per million tokens per policy and cell (needs matplotlib)."""
-    plt = _pyplot()
-    pols = result["policies"]
-    cells = result["cells"]
-    sweep = len(result["networks"]) > 1
-    labels = [f"{c['context']}\n{c['slo_ms']:g}ms" + (f"\n{_net_label(c['network'])}" if sweep else "")
-              for c in cells]
-    width = 0.8 / max(len(pols), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(cells) + 2), 4.5))
-    for i, p in enumerate(pols):
-        xs = [j + (i - (len(pols) - 1) / 2) * width for j in range(len(cells))]
-        ys = [c["policies"][p]["usd_per_million_tokens"] for c in cells]
-        bars = ax.bar(xs, [y or 0.0 for y in ys], width, label=p)
-        for x, y in zip(xs, ys):
-            if y is None:
-                ax.text(x, 0, INFEASIBLE, ha="center", va="bottom", color="red", fontsize=9)
-        del bars
-    ymax = max(((c["policies"][p]["usd_per_million_tokens"] or 0.0) for c in cells for p in pols),
-               default=0.0) or 1.0
-    for j, c in enumerate(cells):
-        if c["ratio"] is not None:
-            top = max((c["policies"][p]["usd_per_million_tokens"] or 0.0) for p in pols)
-            ax.text(j, top * 1.02, f"{c['ratio']:.2f}×", ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, ymax * 1.15)  # headroom: the ratio labels sit above the tallest bar
-    ax.set_xticks(range(len(cells)))
-    ax.set_xticklabels(labels, fontsize=8)
-    ax.set_ylabel("USD per million output tokens")
-    ax.set_title(f"{result['model']} on {'+'.join(result['gpus'])}")
-    ax.legend()
-    fig.tight_layout()
-    from opweave_planner.atomic import save_figure
+# fixed metadata, so the same comparison draws the same bytes (no date, no version stamp)
+_METADATA = {"svg": {"Date": None, "Creator": None}, "pdf": {"CreationDate": None, "ModDate": None,
+                                                             "Creator": None, "Producer": None},
+             "png": {"Software": None}}
 
-    try:
-        save_figure(fig, path)
-    finally:
-        plt.close(fig)
+
+def frontier_series(result: dict[str, Any]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """Per panel (context[, network]), per series (a policy on the GPU set, or opweave on one GPU
+    type alone), the (TPOT SLO ms, USD per million tokens) points that are feasible, by SLO."""
+    gpus = "+".join(result["gpus"])
+    sweep = len(result["networks"]) > 1
+    panels: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for c in result["cells"]:
+        title = f"ctx {c['context']}" + (f", {_net_label(c['network'])}" if sweep else "")
+        series = panels.setdefault(title, {})
+        entries = [(f"{p} on {gpus}", c["policies"][p]) for p in result["policies"]]
+        entries += [(f"opweave on {g} only", e) for g, e in (c.get("homogeneous") or {}).items()]
+        for label, e in entries:
+            points = series.setdefault(label, [])
+            if e.get("feasible") and e.get("usd_per_million_tokens") is not None:
+                points.append((float(c["slo_ms"]), float(e["usd_per_million_tokens"])))
+    for series in panels.values():
+        for points in series.values():
+            points.sort()
+    return panels
+
+
+def plot_compare(result: dict[str, Any], path: str) -> None:
+    """The cost-versus-TPOT frontier: for each TPOT SLO of the sweep, the cheapest plan of every
+    policy and GPU set (needs matplotlib). Same result, same bytes (fixed metadata and SVG ids)."""
+    plt = _pyplot()
+    import matplotlib
+
+    panels = frontier_series(result)
+    with matplotlib.rc_context({"svg.hashsalt": "opweave-plan", "svg.fonttype": "path"}):
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+        for ax, (title, series) in zip(axes[0], panels.items()):
+            for i, (label, points) in enumerate(series.items()):
+                style = "-" if " only" not in label else "--"
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, style, marker="os^vD<>p"[i % 8], label=label)
+                else:  # in the legend, so a series no SLO of the sweep admits is not silently missing
+                    ax.plot([], [], style, label=f"{label} (infeasible)")
+            slos = sorted({float(c["slo_ms"]) for c in result["cells"]})
+            ax.set_xticks(slos)
+            ax.set_xticklabels([f"{x:g}" for x in slos])
+            ax.set_xlabel("TPOT SLO (ms)")
+            ax.set_ylabel("USD per million output tokens")
+            ax.set_ylim(bottom=0)
+            ax.set_title(title, fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"{result['model']}: cheapest plan meeting each TPOT SLO", fontsize=11)
+        fig.tight_layout()
+        from pathlib import Path
+
+        from opweave_planner.atomic import save_figure
+
+        suffix = Path(path).suffix.lstrip(".").lower() or "png"
+        try:
+            save_figure(fig, path, metadata=_METADATA.get(suffix))
+        finally:
+            plt.close(fig)
 
 
 # compare sweeps these itself (CompareRequest's lists and network grids; `policy` as --policies);
@@ -169,7 +196,9 @@ SWEPT = (*(n for n in all_settings(model=CompareRequest) if n in all_settings())
 @with_settings(all_settings(exclude=SWEPT))
 def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Emit the comparison as one JSON document"),
-    plot: str = typer.Option(None, "--plot", help="Also draw grouped bars to this image file (needs matplotlib)"),
+    plot: str = typer.Option(None, "--plot", help="Also draw the cost-versus-TPOT frontier (every policy and "
+                                                  "GPU set across the SLOs) to this image file, .svg/.png/.pdf "
+                                                  "(needs the \\[plot] extra)"),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Independent searches run in parallel processes (same result as 1)"),
     ray: str = typer.Option(None, "--ray", help="Run the searches on a Ray cluster: ADDRESS, 'auto' or 'local' (needs the ray extra)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr"),

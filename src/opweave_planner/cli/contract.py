@@ -34,6 +34,7 @@ def schema_cmd(
 
 SIMULATE_OVERRIDES = ("prices", "catalog", "profiles", "network_bandwidth", "network_latency", "model", "ctx",
                       "workload", "scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile",
+                      "preemptions_per_request",
                       "scenarios", "seed")
 
 
@@ -89,6 +90,12 @@ def simulate_cmd(
             print(f"  owner {o['index']}: {o['replicas']}x {o['gpu']} TP{o['tensor_parallel']}, "
                   f"{o['usd_per_hour_per_replica']:.4g} USD/h per replica, memory "
                   f"{o['memory_bytes_per_gpu'] / 2**30:.2f} of {o['usable_memory_bytes_per_gpu'] / 2**30:.2f} GiB per GPU")
+            e = o.get("kv_events")
+            if e:
+                print(f"    KV overflow: {e['per_request_at_reserve']:.2g} per request at the reserve "
+                      f"({e['per_replica_hour_at_reserve']:.2g} per replica-hour, {e['share_above_reserve']:.3%} of "
+                      f"steps above), {e['per_request_at_usable']:.2g} at the usable memory "
+                      f"({e['per_replica_hour_at_usable']:.2g} forced preemptions per replica-hour)")
         changed = ", ".join(info["inputs_changed"])
         if not changed and (old["usd_per_million_tokens"], old["tpot_ms"]) != (new["usd_per_million_tokens"],
                                                                                new["tpot_ms"]):
@@ -146,13 +153,22 @@ def regen_cmd(
                                    help="Keep an entry's existing placement, re-evaluated under the new inputs, "
                                         "while it meets its SLO, fits memory and costs at most this much more "
                                         "than the new optimum (e.g. 5%; 0%: always the optimum)"),
+    deployable: str = typer.Option(None, "--deployable",
+                                   help="Only plans this export target runs (vllm, sglang, dynamo, llm-d, "
+                                        "vllm-afd), for every entry naming no deployable of its own: the "
+                                        "search runs under the target's limits (docs/regen.md)"),
+    fail_on: str = typer.Option(None, "--fail-on",
+                                help="Exit 3 when an entry is infeasible (--fail-on infeasible); an "
+                                     "undeployable entry always exits 3"),
     as_json: bool = typer.Option(False, "--json", help="Emit the summary as JSON"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-entry lines on stderr"),
 ) -> None:
     """Plan every matrix entry; rewrite only files that changed (atomically). The summary lists
-    topology changes (placement, GPUs, batch) apart from cost-only changes.
+    topology changes (placement, GPUs, batch) apart from cost-only and provenance-only changes,
+    and every infeasible entry with its binding constraint.
 
-    Exit 1 when any plan file changed, 0 when none, 2 on bad input or a failed entry.
+    Exit 1 when any plan file changed, 0 when none, 2 on bad input or a failed entry, 3 when an
+    entry is undeployable or (--fail-on infeasible) infeasible.
     """
     from opweave_planner.errors import UserError
     from opweave_planner.plan import dumps
@@ -162,7 +178,7 @@ def regen_cmd(
         print(line, file=sys.stderr, flush=True)
 
     report = regen(matrix, out, jobs=jobs, ray=ray, retries=retries, prune=prune, log=None if quiet else log,
-                   hysteresis=hysteresis)
+                   hysteresis=hysteresis, deployable=deployable, fail_on=fail_on)
     if as_json:
         _emit(dumps(report.to_dict()))
     else:

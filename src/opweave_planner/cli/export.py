@@ -43,7 +43,8 @@ def export_cmd(
                        model_id=model_id, model=model, node_labels=tuple(node_label), image=image,
                        catalog=catalog)
     alt = f" (alternative {done.alternative})" if done.alternative else ""
-    typer.echo(f"{done.target} {done.version}{alt}: wrote {len(done.files)} files to {done.out}", err=True)
+    typer.echo(f"{done.target} {done.version}{alt}: wrote {len(done.files)} files to {done.out}"
+               + "".join(f"; {note}" for note in done.notes), err=True)
     if done.kept:
         typer.echo(f"note: kept {', '.join(done.kept)}: the previous export wrote them, but they "
                    f"have changed since, so they were not removed", err=True)

@@ -17,9 +17,12 @@ deterministic one). For a workload (`--workload`, docs/workloads.md):
   average at least those, and the bounds (`search/bounds.py`) are linear in the stage times,
   so they stay lower bounds of both the percentile TPOT and the mean TPOT;
 - **KV reserve**: the context tokens reserved for `n` resident requests, `units[n]`: the
-  `--kv-quantile` of their summed context (exact law on a grid, an upper bound), and never
-  less than one request at the longest context plus `n - 1` at the shortest. Sliding-window
-  layers are reserved at their window and recurrent state is per request (`kvcpref`).
+  larger of the smallest capacity their summed context crosses at most
+  `--preemptions-per-request` times per served request (`kv_events`: forced preemptions are
+  what users feel) and the `--kv-quantile` of their summed context (exact law on a grid, an
+  upper bound: the time share above it stays bounded too), and never less than one request at
+  the longest context plus `n - 1` at the shortest. Sliding-window layers are reserved at their
+  window and recurrent state is per request (`kvcpref`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from opweave_planner.compile.space import microbatch_grid
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.structure.operators import Operator
 from opweave_planner.workload.edge import workload_spec
-from opweave_planner.workload.kv import kv_sum_bounds
+from opweave_planner.workload.kv import kv_events, kv_sum_bounds
 from opweave_planner.workload.law import ContextLaw, scenarios
 from opweave_planner.workload.shaping import materialize
 
@@ -41,6 +44,8 @@ KV_SUM_GRID = 1 << 18  # the KV tail's convolution grid: an upper bound at any s
 # the Mooncake sample scaled to 32k over the 27 resident counts of the default grid, this one is
 # at most 0.54 % above the default grid's figure, its gap to the lower bound at most 1.4 %, and
 # the 27 quantiles take 0.33 s instead of 1.22 s
+EVENT_GRID = 1 << 16  # the episode law's grid: on the Mooncake sample and the Azure trace scaled to 32k
+# its reserve at 1e-4 is within 0.01 % of a 2^22 grid's for n = 1..1024 (benchmarks/kv_events_check.py)
 KNOTS = 32  # geometric knots over the law's support, plus its mean (never c_lb: the knots must not
 # depend on the grid, so `simulate` of one plan reproduces the search's figures)
 
@@ -117,7 +122,8 @@ def build_traffic(req: PlanRequest, wl: ContextLaw) -> WorkloadArrays:
     units = np.arange(top + 1, dtype=np.float64) * wl.max_context  # never read: every count is filled below
     for n in resident_counts(req):
         tail = kv_sum_bounds(wl, n, req.kv_quantile, 1.0, grid=KV_SUM_GRID)[1]
-        units[n] = max(tail, wl.max_context + (n - 1) * wl.min_context)
+        events = kv_events(wl, n, EVENT_GRID).reserve(req.preemptions_per_request)
+        units[n] = max(tail, events, wl.max_context + (n - 1) * wl.min_context)
     return WorkloadArrays(workload=wl, scen_cs=cs, knots=_knots(wl, (wl.theta,)), c_lb=c_lb, pct=pct, units=units)
 
 

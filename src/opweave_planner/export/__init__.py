@@ -40,7 +40,7 @@ MANIFEST = "export.json"
 MAX_MANIFEST = 1 << 20  # bytes of a previous export.json read (ours are a few KiB)
 MAX_OWN_FILE = 16 << 20  # bytes of a previous file hashed before it is removed (ours are KiB)
 # names an exporter writes (serve-replica-0.sh, values.yaml, ...): no other name is ever removed
-_OWN_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,127}\.(?:sh|yaml|json)")
+_OWN_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,127}\.(?:sh|yaml|json|jsonl)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _STAGE = ".opweave-export-"  # the staging folder's prefix (removed before export returns)
 
@@ -53,16 +53,28 @@ class Exported:
     files: tuple[str, ...]
     alternative: str | None
     kept: tuple[str, ...] = ()  # files the previous export listed that were changed since: not removed
+    notes: tuple[str, ...] = ()  # what the user should know about what was written (one line each)
 
 
-def resolve_version(target: Target, version: str | None) -> str:
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def resolve_version(target: Target, version: str | None) -> tuple[str, str]:
+    """(release asked for, the flag table written for it): any release from the oldest table to
+    the newest table's minor series; a release between two tables takes the older one (every
+    flag the exporter writes is in the tables at both ends, `tests/test_export_flags.py`)."""
     if version is None:
-        return target.default_version
+        return target.default_version, target.default_version
     v = version.strip().removeprefix("v")
-    if v not in target.versions:
-        raise UserError(f"--runtime-version: {target.name} {version} is not supported; pinned: "
-                        f"{', '.join(target.versions)}")
-    return v
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+){1,2})(?:\.?post[0-9]+|rc[0-9]+)?", v)
+    oldest, newest = _release(target.versions[0]), _release(target.versions[-1])
+    if m is None or not (oldest <= _release(m.group(1)) and _release(m.group(1))[:2] <= newest[:2]):
+        raise UserError(f"--runtime-version: {target.name} {printable(version)} is not supported; expected a "
+                        f"release from {target.versions[0]} to {'.'.join(map(str, newest[:2]))}.x "
+                        f"(flag tables: {', '.join(target.versions)})")
+    table = max((t for t in target.versions if _release(t) <= _release(m.group(1))), key=_release)
+    return v, table
 
 
 def _check_out(out: str) -> Path:
@@ -145,7 +157,7 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
     if target not in TARGETS:
         raise UserError(f"--to: unknown target '{target}'; expected one of {', '.join(TARGETS)}")
     runtime = TARGETS[target]
-    version = resolve_version(runtime, runtime_version)
+    release, version = resolve_version(runtime, runtime_version)
     labels = _labels(node_labels)
     check_text(image, "--image", "a container image")
     if model_id is not None:
@@ -174,14 +186,16 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
     if (model is not None and spec is not None and spec.name != plan.model
             and spec.source_sha256 != plan.provenance.model_sha256):  # a renamed copy of the config is fine
         raise UserError(f"--model: {model} is '{spec.name}', but {plan_path} is a plan for '{plan.model}'")
-    mid = model_id if model_id is not None else hf_repo(plan.model)
+    mid = model_id if model_id is not None else hf_repo(plan.model) or _hub_id(plan)
     if mid is None:
         raise UserError(f"--model-id: model '{shown(plan.model)}' is not bundled; pass the Hugging Face repo "
                         f"or weights path to serve")
     check_model_id(mid, "--model-id" if model_id is not None else f"--model-id (the default for {plan.model})")
-    ctx = Context(plan=plan, raw=raw, path=plan_path, target=runtime, version=version, model_id=mid,
-                  spec=spec, hw=load_hardware(catalog), labels=labels, image=image, alternative=alt,
-                  base_cost=base_cost)
+    hw = load_hardware(catalog)
+    ctx = Context(plan=plan, raw=raw, path=plan_path, target=runtime, version=version, release=release,
+                  model_id=mid,
+                  spec=spec, hw=hw, labels=labels, image=image, alternative=alt,
+                  base_cost=base_cost, deployment=_deployment(plan, raw, alt, hw))
     for o in plan.owners:
         ctx.gpu(o.gpu)  # a GPU type the catalog lacks is a bad input, named here
     runtime.check(ctx)
@@ -190,18 +204,75 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
     return ctx, files
 
 
+def _hub_id(plan) -> str | None:
+    """A plan made from a Hugging Face id (the offline hub cache: no model_source) serves that id."""
+    from opweave_planner.inputs.hf_cache import HF_ID
+
+    if plan.model_source is None and "/" in plan.model and HF_ID.fullmatch(plan.model):
+        return plan.model
+    return None
+
+
+def _deployment(plan, raw: dict[str, Any], alt: str | None, hw):
+    """The sizing the export deploys: the plan's own; for an alternative, the main plan's target
+    load sized on the alternative (its file entry records none); None: the plan is not sized."""
+    if plan.deployment is not None or alt is None:
+        return plan.deployment
+    from opweave_planner.sizing import size_deployment
+
+    main = raw.get("deployment") if isinstance(raw, dict) else None
+    if not isinstance(main, dict):
+        return None
+    tokens, conc = main.get("target_tokens_per_s"), main.get("target_concurrency")
+    if tokens is None and conc is None:
+        return None
+    gpn = plan.search.space.gpus_per_node
+    try:
+        return size_deployment(plan, target_tokens_per_s=tokens, target_concurrency=conc,
+                               gpus_per_node={g.id: min(g.gpus_per_node, gpn or g.gpus_per_node) for g in hw.gpus})
+    except UserError:
+        return None
+
+
+def sizing_note(ctx: Context) -> str:
+    """One line on how much of a deployment the files run."""
+    dep = ctx.deployment
+    gpus = sum(len(ctx.placement(o)) * o.tensor_parallel for o in ctx.plan.owners)
+    if dep is None:
+        return (f"one copy of the plan ({gpus} GPUs): it records no deployment sizing; plan with "
+                f"--target-tokens-per-s or --target-concurrency to deploy more")
+    return f"{dep.copies} copies of the plan, {gpus} GPUs on {ctx.nodes} nodes, as its deployment sized"
+
+
 def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes:
     p = ctx.plan
+    from opweave_planner.export.bench import traffic
+
+    dep = ctx.deployment
     return json_bytes({
+        "deployment": {
+            "sized": dep is not None, "copies": ctx.copies, "note": sizing_note(ctx),
+            "target_tokens_per_s": None if dep is None else dep.target_tokens_per_s,
+            "target_concurrency": None if dep is None else dep.target_concurrency,
+            "gpus_total": sum(len(ctx.placement(o)) * o.tensor_parallel for o in p.owners),
+            "nodes_total": ctx.nodes,
+            "owners": [{"owner": o.index, "gpu": o.gpu, "tensor_parallel": o.tensor_parallel,
+                        "replicas": len(ctx.placement(o)), "resident_batch": o.resident_batch,
+                        "memory_fraction": ctx.memory_fraction(o), "static_fraction": ctx.static_fraction(o)}
+                       for o in p.owners],
+            "max_model_len": p.workload.window,
+        },
+        "benchmark": traffic(ctx).summary(),
         "target": ctx.target.name,
-        "runtime_version": ctx.version,
+        "runtime_version": ctx.release or ctx.version,
+        "flag_table": ctx.version,
         "model_id": ctx.model_id,
         "alternative": ctx.alternative,
         "plan": {"sha256": hashlib.sha256(plan_bytes).hexdigest(), "model": p.model, "policy": p.policy,
                  "tpot_ms": p.tpot_ms, "tpot_slo_ms": p.workload.tpot_slo_ms,
                  "usd_per_million_tokens": p.usd_per_million_tokens, "global_batch": p.global_batch,
                  "gpus_total": p.gpus_total, "num_stages": p.num_stages},
-        "placement": [{"owner": r.owner, "replica": r.index, "gpu": o.gpu, "node": r.node,
+        "placement": [{"owner": r.owner, "replica": r.index, "copy": r.copy, "gpu": o.gpu, "node": r.node,
                        "devices": list(r.devices)} for o in p.owners for r in ctx.placement(o)],
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
     })
@@ -351,5 +422,5 @@ def export_plan(plan_path: str, target: str, out: str, **kw) -> Exported:
     _check_out(out)
     ctx, files = build(plan_path, target, **kw)
     kept = write(out, files)
-    return Exported(target=target, version=ctx.version, out=out, files=tuple(sorted(files)),
-                    alternative=ctx.alternative, kept=kept)
+    return Exported(target=target, version=ctx.release or ctx.version, out=out, files=tuple(sorted(files)),
+                    alternative=ctx.alternative, kept=kept, notes=(sizing_note(ctx),))

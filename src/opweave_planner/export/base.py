@@ -34,6 +34,9 @@ class Target:
     file by name, built only from the plan and the pinned flag table of `ctx.version`.
     `fits(plan_dict, name)` says whether the plan file's alternative `name` (its plan document,
     or None for a summary without one) is a shape this target runs, so a refusal can name it.
+    `search_limits` are the PlanRequest limits that confine a search to shapes `fits` accepts
+    (empty when no limit expresses them), so `regen`'s `deployable` searches for the cheapest
+    plan the runtime runs instead of filtering the optimum out afterwards.
     """
 
     name: str
@@ -45,6 +48,7 @@ class Target:
     render: Callable[[Context], dict[str, bytes]]
     hint: str = "re-plan with --policy colocated"  # what to do when no alternative fits
     needs_model: bool = False  # check reads the model's config: one that cannot be loaded is an error
+    search_limits: Mapping[str, int] = field(default_factory=dict)  # e.g. max_stages=1 (see above)
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -77,9 +81,10 @@ class Replica:
     """One device group of an owner, placed on a node of its GPU type."""
 
     owner: int
-    index: int
+    index: int  # counted over every copy of the plan: copy = index // the owner's replicas
     node: int  # node number, counted across all owners (see Context._placement)
     devices: tuple[int, ...]  # CUDA device indices on that node
+    copy: int = 0  # which copy of the plan (the plan's deployment.copies; 0 when it records none)
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -102,52 +107,98 @@ class Context:
     image: str | None = None
     alternative: str | None = None  # the alternative being exported, if any
     base_cost: float | None = None  # cost of the file's main plan (for deltas)
+    deployment: Any = None  # the plan's Deployment (sizing), or None: one copy
+    release: str | None = None  # the release asked for (`version` is the flag table written for it)
+    probing: bool = False  # checking whether an alternative fits: refusals name no other alternative
 
     def gpu(self, gid: str):
         return self.hw.resolve(gid, f"{self.path}: owners[].gpu")
+
+    @property
+    def copies(self) -> int:
+        """Copies of the plan the export deploys: the plan's sizing, else one."""
+        return 1 if self.deployment is None else self.deployment.copies
+
+    def groups(self, owner) -> int:
+        """Device groups of `owner` over every copy (the deployment's replicas of that owner)."""
+        return self.copies * owner.replicas
 
     def placement(self, owner) -> list[Replica]:
         return self._placement[owner.index]
 
     @cached_property
     def _placement(self) -> dict[int, list[Replica]]:
-        """Every owner's groups on numbered nodes, TP groups never split across nodes.
+        """Every owner's groups, over every copy, on numbered nodes, TP groups never split.
 
-        When the plan's stages hand off inside one node (one GPU type, every GPU in one node, as
-        the planner's link model assumed) all owners share node 0, owners' devices in order;
-        otherwise each owner's groups fill their own nodes first fit, nodes numbered across owners.
+        A multi-owner plan whose stages hand off inside one node (one GPU type, a copy in one
+        node, as the planner's link model assumed) keeps each copy's owners on one node, whole
+        copies per node, owners' devices in order; otherwise each owner's groups (every copy's)
+        fill their own nodes first fit, nodes numbered across owners. The node counts are the
+        ones `sizing` counts for the plan's deployment.
         """
         plan = self.plan
         gpn = {o.index: self.gpu(o.gpu).gpus_per_node for o in plan.owners}
-        shared = (len({o.gpu for o in plan.owners}) == 1 and plan.gpus_total <= gpn[0])
-        out: dict[int, list[Replica]] = {}
-        first_node = offset = 0
+        shared = (len(plan.owners) > 1 and len({o.gpu for o in plan.owners}) == 1
+                  and plan.gpus_total <= gpn[0])
+        out: dict[int, list[Replica]] = {o.index: [] for o in plan.owners}
+        if shared:
+            per_node = max(1, gpn[0] // plan.gpus_total)
+            for c in range(self.copies):
+                offset = (c % per_node) * plan.gpus_total
+                for o in plan.owners:
+                    tp = o.tensor_parallel
+                    for r in range(o.replicas):
+                        out[o.index].append(Replica(o.index, c * o.replicas + r, c // per_node,
+                                                    tuple(range(offset, offset + tp)), c))
+                        offset += tp
+            return out
+        first_node = 0
         for o in plan.owners:
             tp = o.tensor_parallel
             per_node = max(1, gpn[o.index] // tp)
-            reps = []
-            for r in range(o.replicas):
-                if shared:
-                    reps.append(Replica(o.index, r, 0, tuple(range(offset, offset + tp))))
-                    offset += tp
-                else:
-                    local = (r % per_node) * tp
-                    reps.append(Replica(o.index, r, first_node + r // per_node, tuple(range(local, local + tp))))
-            out[o.index] = reps
-            if not shared:
-                first_node += math.ceil(o.replicas / per_node)
+            groups = self.groups(o)
+            for g in range(groups):
+                local = (g % per_node) * tp
+                out[o.index].append(Replica(o.index, g, first_node + g // per_node,
+                                            tuple(range(local, local + tp)), g // o.replicas))
+            first_node += math.ceil(groups / per_node)
         return out
 
-    def memory_fraction(self, owner) -> float:
-        """Share of GPU memory the runtime may take: what the planner treated as usable.
+    @property
+    def nodes(self) -> int:
+        """Nodes the export places groups on."""
+        return len({r.node for reps in self._placement.values() for r in reps})
 
-        The planner keeps `memory_reserve_gb` GiB per GPU for the framework (per GPU type when the
-        plan records `memory_reserve_gb_by_gpu`, schema 1.5); the runtime's own
-        budget (weights + KV + activations) is the rest, rounded down to 0.01 and capped at 0.95.
-        """
-        cap = self.gpu(owner.gpu).memory_bytes
-        reserve = self.plan.search.space.reserve_gb(owner.gpu) * 2**30  # what the search held back there
-        return min(0.95, math.floor((cap - reserve) / cap * 100) / 100)
+    def usable_bytes(self, owner) -> float:
+        """Bytes per GPU the plan was searched with for weights, KV/state and workspace (its
+        gpu_memory_utilization, reserve, NCCL buffers and headroom): the one budget exported."""
+        from opweave_planner.latency.memory import usable_bytes
+
+        space = self.plan.search.space
+        gpu = self.gpu(owner.gpu)
+        util = space.gpu_memory_utilization if space.gpu_memory_utilization is not None else 0.9
+        usable = usable_bytes(gpu, owner.tensor_parallel, utilization=util, reserve_gb=space.reserve_gb(owner.gpu))
+        return usable * (1.0 - (space.memory_headroom or 0.0))
+
+    def memory_fraction(self, owner) -> float:
+        """vLLM's --gpu-memory-utilization: the share of the card whose budget, less the reserve
+        and NCCL buffers vLLM subtracts itself, leaves the usable bytes the plan was searched
+        with (the plan's own gpu_memory_utilization when it kept no headroom), rounded down to 1e-4."""
+        space = self.plan.search.space
+        if not space.memory_headroom:
+            return space.gpu_memory_utilization if space.gpu_memory_utilization is not None else 0.9
+        from opweave_planner.latency.memory import nccl_bytes
+
+        gpu = self.gpu(owner.gpu)
+        budget = (self.usable_bytes(owner) + space.reserve_gb(owner.gpu) * 2**30
+                  + nccl_bytes(gpu, owner.tensor_parallel))
+        return math.floor(budget / gpu.memory_bytes * 1e4) / 1e4
+
+    def static_fraction(self, owner) -> float:
+        """SGLang's --mem-fraction-static: its static pool holds weights and KV, so it is the
+        plan's usable bytes over capacity (activations, CUDA graphs, the reserve and NCCL come
+        out of the rest), rounded down to 1e-4."""
+        return math.floor(self.usable_bytes(owner) / self.gpu(owner.gpu).memory_bytes * 1e4) / 1e4
 
     def node_label(self, gid: str) -> str:
         if gid in self.labels:
@@ -164,3 +215,8 @@ class Context:
         if not name[:1].isalpha():
             name = f"m-{name}"
         return name[:52].rstrip("-")
+
+
+def share(x: float) -> str:
+    """A memory share as a flag value: at most four decimals, no trailing zeros (0.9, 0.8512)."""
+    return f"{x:.4f}".rstrip("0").rstrip(".")

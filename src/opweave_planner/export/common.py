@@ -196,14 +196,34 @@ def cost_delta(entry: dict[str, Any], base_cost: float | None) -> str:
 def refuse(ctx: Context, why: str) -> Refusal:
     """A one-line refusal naming why and which alternative (if the file has one) the target can run
     (its `fits`), else the target's own hint."""
+    if ctx.probing:
+        return Refusal(f"{ctx.target.name} cannot run {why}")
     found = alternatives(ctx.raw)
     for name in ALTERNATIVE_NAMES:
         entry = found.get(name)
         if entry is None or name == ctx.alternative:
             continue
-        if ctx.target.fits(alternative_plan(entry, ctx.raw), name):
+        if ctx.target.fits(alternative_plan(entry, ctx.raw), name) and _passes(ctx, entry, name):
             delta = cost_delta(entry, ctx.base_cost if ctx.base_cost is not None
                                else ctx.plan.usd_per_million_tokens)
             return Refusal(f"{ctx.target.name} cannot run {why}; the {name.replace('_', '-')} alternative "
                            f"({delta}) can: use --alternative {name}")
     return Refusal(f"{ctx.target.name} cannot run {why}; {ctx.target.hint}")
+
+
+def _passes(ctx: Context, entry: dict[str, Any], name: str) -> bool:
+    """Whether the target's whole check accepts the alternative (a refusal never suggests an
+    alternative that is itself refused); a summary without a plan is judged by `fits` alone."""
+    from dataclasses import replace
+
+    from opweave_planner.contract import parse_plan
+
+    doc = alternative_plan(entry, ctx.raw)
+    if doc is None:
+        return True
+    try:
+        plan = parse_plan(doc, f"{ctx.path} alternatives.{name}")
+        ctx.target.check(replace(ctx, plan=plan, alternative=name, probing=True))
+    except (Refusal, UserError):
+        return False
+    return True

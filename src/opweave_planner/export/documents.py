@@ -106,3 +106,18 @@ def _yaml_list(items: list, indent: int, lines: list[str]) -> None:
             raise TypeError("nested lists are not written")
         else:
             lines.append(f"{pad}- {_yaml_scalar(item)}")
+
+
+def strict_schema(schema):
+    """A CRD schema as `kubectl apply --validate=strict` reads it: the API server's pruning of
+    unknown fields made an error (an object schema with `properties` gets `additionalProperties:
+    false`), so a misspelt field fails validation instead of vanishing."""
+    if isinstance(schema, dict):
+        out = {k: ({pk: strict_schema(pv) for pk, pv in v.items()} if k == "properties" else strict_schema(v))
+               for k, v in schema.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [strict_schema(x) for x in schema]
+    return schema

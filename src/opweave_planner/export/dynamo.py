@@ -21,7 +21,7 @@ WORKER = "VllmDecodeWorker"
 def manifest(ctx: Context) -> dict:
     """The DynamoGraphDeployment as a plain dict (what the YAML file holds, key for key)."""
     owner = ctx.plan.owners[0]
-    image = ctx.image or IMAGE.format(version=ctx.version)
+    image = ctx.image or IMAGE.format(version=ctx.release or ctx.version)
     flags = _vllm.FLAGS[VLLM_OF[ctx.version]]
     name = ctx.slug
     gpus = str(owner.tensor_parallel)
@@ -43,7 +43,7 @@ def manifest(ctx: Context) -> dict:
                     "dynamoNamespace": name,
                     "componentType": "worker",
                     "subComponentType": "decode",
-                    "replicas": owner.replicas,
+                    "replicas": ctx.groups(owner),  # every copy of the plan
                     "resources": {"requests": {"gpu": gpus}, "limits": {"gpu": gpus}},
                     "extraPodSpec": {
                         "nodeSelector": {GPU_LABEL_KEY: ctx.node_label(owner.gpu)},
@@ -63,10 +63,12 @@ def manifest(ctx: Context) -> dict:
 def render(ctx: Context) -> dict[str, bytes]:
     doc = manifest(ctx)
     name = doc["metadata"]["name"]
-    bench = _vllm.benchmark(ctx, backend="openai", what=f"the Dynamo frontend (kubectl port-forward "
-                                                        f"svc/{name}-frontend 8000:8000)")
-    return {"dynamographdeployment.yaml": to_yaml(doc), "benchmark.sh": bench}
+    files = {"dynamographdeployment.yaml": to_yaml(doc)}
+    files.update(_vllm.benchmark_vllm(ctx, backend="openai", what=f"the Dynamo frontend (kubectl port-forward "
+                                                                  f"svc/{name}-frontend 8000:8000)"))
+    return files
 
 
 TARGET = Target(name="dynamo", summary="Dynamo DynamoGraphDeployment (Kubernetes)", versions=tuple(VLLM_OF),
-                default_version="0.6.0", fits=_vllm.fits, check=_vllm.check, render=render)
+                default_version="0.6.0", fits=_vllm.fits, check=_vllm.check, render=render,
+                search_limits=_vllm.COLOCATED_LIMITS)

@@ -52,7 +52,7 @@ def values(ctx: Context) -> dict:
         "accelerator": {"type": "nvidia"},
         "decode": {
             "create": True,
-            "replicas": owner.replicas,
+            "replicas": ctx.groups(owner),  # every copy of the plan
             "parallelism": {"tensor": owner.tensor_parallel, "data": 1, "dataLocal": 1, "workers": 1},
             "nodeSelector": {GPU_LABEL_KEY: ctx.node_label(owner.gpu)},
             "containers": [{
@@ -69,11 +69,13 @@ def values(ctx: Context) -> dict:
 
 
 def render(ctx: Context) -> dict[str, bytes]:
-    doc = values(ctx)
-    bench = _vllm.benchmark(ctx, backend="openai", what="the llm-d decode pods (through your gateway, "
-                                                        "or kubectl port-forward to one pod for a single replica)")
-    return {"values.yaml": to_yaml(doc), "benchmark.sh": bench}
+    files = {"values.yaml": to_yaml(values(ctx))}
+    files.update(_vllm.benchmark_vllm(ctx, backend="openai", what="the llm-d decode pods (through your gateway, "
+                                                                   "or kubectl port-forward to one pod for a single "
+                                                                   "replica)"))
+    return files
 
 
 TARGET = Target(name="llm-d", summary="llm-d-modelservice Helm values (Kubernetes)", versions=tuple(VLLM_OF),
-                default_version="0.4.12", fits=_vllm.fits, check=check, render=render)
+                default_version="0.4.12", fits=_vllm.fits, check=check, render=render,
+                search_limits=_vllm.COLOCATED_LIMITS)

@@ -8,27 +8,38 @@ a field `tp_size` is the flag `--tp-size`, see `arg_utils.py`), the router's fro
 from __future__ import annotations
 
 from opweave_planner.export import vllm as _vllm
-from opweave_planner.export.base import Context, Target
-from opweave_planner.export.bench import BENCH_VARS, bench_env, compare_tpot_snippet
-from opweave_planner.export.common import BASE_PORT
-from opweave_planner.export.shell import Word, header, script, shell_command
+from opweave_planner.export.base import Context, Target, share
+from opweave_planner.export.bench import (
+    BENCH_VARS,
+    Keys,
+    bench_env,
+    benchmark_vllm,
+    compare_snippet,
+    traffic,
+)
+from opweave_planner.export.shell import Word, comment, header, script, shell_command
 
-FLAGS = {"0.5.23": {
+_SERVER = {
     "model": "--model-path", "tp": "--tp-size", "ep": "--ep-size", "seqs": "--max-running-requests",
     "len": "--context-length", "kv": "--kv-cache-dtype", "mem": "--mem-fraction-static",
     "host": "--host", "port": "--port",
-}}
-# SGLang's static pool (weights + KV) excludes activations and CUDA graphs, which need headroom
-# beyond the planner's workspace estimate; its own defaults stay at or below this share.
-MAX_STATIC_FRACTION = 0.90
+}
+# the benchmark client per release: its module and result keys (0.5.4's bench_serving reports
+# median and p99, no p95; 0.5.23 moved it to sglang.benchmark.serving and added p95)
+CLIENT = {"0.5.4": ("sglang.bench_serving", Keys("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+                                                  "p99_tpot_ms", "p99")),
+          "0.5.23": ("sglang.benchmark.serving", Keys("median_ttft_ms", "p95_ttft_ms", "median_tpot_ms",
+                                                       "p95_tpot_ms"))}
+FLAGS = dict.fromkeys(CLIENT, _SERVER)
 
 
 def render(ctx: Context) -> dict[str, bytes]:
     flags = FLAGS[ctx.version]
     owner = ctx.plan.owners[0]
     files: dict[str, bytes] = {}
-    ports = _vllm.replica_ports(owner)
+    ports = _vllm.replica_ports(ctx, owner)
     placement = ctx.placement(owner)
+    n = len(placement)
     for rep, port in zip(placement, ports):
         argv = ["python3", "-m", "sglang.launch_server", flags["model"], ctx.model_id,
                 flags["host"], "0.0.0.0", flags["port"], str(port),
@@ -36,41 +47,49 @@ def render(ctx: Context) -> dict[str, bytes]:
         if owner.expert_parallel > 1:
             argv += [flags["ep"], str(owner.expert_parallel)]
         argv += [flags["seqs"], str(owner.resident_batch),
-                 flags["len"], str(ctx.plan.workload.context_tokens),
+                 flags["len"], str(ctx.plan.workload.window),
                  flags["kv"], "auto",
-                 flags["mem"], f"{min(MAX_STATIC_FRACTION, ctx.memory_fraction(owner)):.2f}"]
-        lines = header(ctx, f"SGLang replica {rep.index} of {owner.replicas}: run on {owner.gpu} node "
-                            f"{rep.node} (GPUs {rep.cuda_visible_devices}), serves port {port}.")
+                 flags["mem"], share(ctx.static_fraction(owner))]
+        lines = header(ctx, f"SGLang replica {rep.index} of {n} (copy {rep.copy} of {ctx.copies}): run on "
+                            f"{owner.gpu} node {rep.node} (GPUs {rep.cuda_visible_devices}), serves port {port}.")
         lines += [_vllm.cuda_devices(rep.cuda_visible_devices), "exec " + shell_command(argv)]
         files[f"serve-replica-{rep.index}.sh"] = script(lines)
-    if owner.replicas > 1:
-        urls = [_vllm.worker_url(rep.node, port) for rep, port in zip(placement, ports)]
-        argv = ["python3", "-m", "sglang_router.launch_router", "--host", "0.0.0.0",
-                "--port", str(BASE_PORT), "--policy", "round_robin", "--worker-urls", *urls]
-        lines = header(ctx, f"Router in front of the {owner.replicas} replicas (round robin keeps "
-                            f"{owner.resident_batch} requests on each); needs `pip install sglang-router`.")
-        lines.append("exec " + shell_command(argv))
-        files["router.sh"] = script(lines)
-    files["benchmark.sh"] = benchmark(ctx)
+    if n > 1:
+        files["router.sh"] = _vllm.router(ctx, ["python3", "-m", "sglang_router.launch_router"], placement,
+                                          ports, owner, "needs `pip install sglang-router`")
+    files.update(benchmark(ctx))
     return files
 
 
-def benchmark(ctx: Context) -> bytes:
-    """SGLang's own client (`sglang.benchmark.serving`): p50/p95 TPOT against the plan's."""
+def benchmark(ctx: Context) -> dict[str, bytes]:
+    """SGLang's own client at fixed lengths (`random-ids`: random token ids, nothing downloaded),
+    the release's module and result keys; a workload sample through vLLM's timed_trace client
+    (SGLang's trace datasets build prompts of other lengths than the sample's)."""
+    t = traffic(ctx)
+    if not t.fixed:
+        return benchmark_vllm(ctx, backend="openai", what="the SGLang deployment (its OpenAI endpoint)")
+    module, keys = CLIENT[ctx.version]
     v = BENCH_VARS
     result = Word(v["RESULT_DIR"], "/tpot.jsonl")
-    argv = ["python3", "-m", "sglang.benchmark.serving", "--backend", "sglang",
+    argv = ["python3", "-m", module, "--backend", "sglang",
             "--host", v["HOST"], "--port", v["PORT"], "--model", ctx.model_id,
-            "--dataset-name", "random", "--random-input-len", v["INPUT_LEN"],
+            "--dataset-name", "random-ids", "--random-input-len", v["INPUT_LEN"],
             "--random-output-len", v["OUTPUT_LEN"], "--random-range-ratio", "1.0",
-            "--num-prompts", v["NUM_PROMPTS"], "--max-concurrency", v["CONCURRENCY"],
-            "--output-file", result]
-    lines = header(ctx, "Benchmark the deployment with SGLang's own client and compare TPOT with the plan.")
-    lines += bench_env(ctx.plan)
+            "--num-prompts", v["NUM_PROMPTS"], "--max-concurrency", v["CONCURRENCY"]]
+    if t.rate is not None:
+        argv += ["--request-rate", repr(t.rate)]
+    argv += ["--output-file", result]
+    lines = header(ctx, "Benchmark the deployment with SGLang's own client on the plan's traffic and compare "
+                        "TTFT and TPOT with the plan.")
+    if keys.q != "p95":
+        lines.append(comment(f"SGLang {ctx.version}'s client reports median and {keys.q}, no p95: "
+                             f"{keys.q} is compared."))
+    lines += bench_env(ctx, t)
     lines.append(shell_command(argv))
-    lines += compare_tpot_snippet(ctx.plan, "median_tpot_ms", "p95_tpot_ms", result)
-    return script(lines)
+    lines += compare_snippet(ctx.plan, keys, result)
+    return {"benchmark.sh": script(lines)}
 
 
 TARGET = Target(name="sglang", summary="sglang.launch_server per replica, sglang-router", versions=tuple(FLAGS),
-                default_version="0.5.23", fits=_vllm.fits, check=_vllm.check, render=render)
+                default_version="0.5.23", fits=_vllm.fits, check=_vllm.check, render=render,
+                search_limits=_vllm.COLOCATED_LIMITS)

@@ -8,8 +8,10 @@ docs/export.md names the files.
 
 from __future__ import annotations
 
-from opweave_planner.export.base import Context, Target
-from opweave_planner.export.bench import BENCH_VARS, bench_env, compare_tpot_snippet
+from types import MappingProxyType
+
+from opweave_planner.export.base import Context, Target, share
+from opweave_planner.export.bench import benchmark_vllm
 from opweave_planner.export.common import BASE_PORT, is_colocated, refuse, shape_words
 from opweave_planner.export.shell import Var, Word, assign, header, integer, script, shell_command
 
@@ -19,8 +21,10 @@ _SERVE = {
     "len": "--max-model-len", "kv": "--kv-cache-dtype", "mem": "--gpu-memory-utilization",
     "ep": "--enable-expert-parallel", "host": "--host", "port": "--port",
 }
-FLAGS = {"0.10.2": _SERVE, "0.33.0": _SERVE}
+FLAGS = {"0.10.2": _SERVE, "0.26.0": _SERVE, "0.33.0": _SERVE}
 ROUTER = "vllm-router"  # vllm-project/router, PyPI vllm-router 0.1.17 (vllm_router/router_args.py)
+# a search under these limits returns only plans `fits` accepts (one stage has one owner)
+COLOCATED_LIMITS = MappingProxyType({"max_stages": 1, "max_owners": 1})
 
 
 def fits(plan_dict, name: str) -> bool:
@@ -43,15 +47,17 @@ def engine_args(ctx: Context, owner, flags: dict[str, str]) -> list[str]:
     if owner.expert_parallel > 1:
         argv.append(flags["ep"])
     argv += [flags["seqs"], str(owner.resident_batch),
-             flags["len"], str(ctx.plan.workload.context_tokens),
+             flags["len"], str(ctx.plan.workload.window),  # the window admitted, not the planned context
              # "auto" = the model's dtype (bf16/fp16): the planner sized the KV cache in it
              flags["kv"], "auto",
-             flags["mem"], f"{ctx.memory_fraction(owner):.2f}"]
+             flags["mem"], share(ctx.memory_fraction(owner))]
     return argv
 
 
-def replica_ports(owner) -> list[int]:
-    return [BASE_PORT] if owner.replicas == 1 else [BASE_PORT + 1 + r for r in range(owner.replicas)]
+def replica_ports(ctx: Context, owner) -> list[int]:
+    """Port of each group over every copy: 8000 for a lone one, else 8001, 8002, ... (router on 8000)."""
+    n = ctx.groups(owner)
+    return [BASE_PORT] if n == 1 else [BASE_PORT + 1 + r for r in range(n)]
 
 
 def node_host(node: int) -> Var:
@@ -72,34 +78,42 @@ def render(ctx: Context) -> dict[str, bytes]:
     flags = FLAGS[ctx.version]
     owner = ctx.plan.owners[0]
     files: dict[str, bytes] = {}
-    ports = replica_ports(owner)
+    ports = replica_ports(ctx, owner)
     placement = ctx.placement(owner)
+    n = len(placement)
     for rep, port in zip(placement, ports):
         argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(port),
                 *engine_args(ctx, owner, flags)]
-        lines = header(ctx, f"vLLM replica {rep.index} of {owner.replicas}: run on {owner.gpu} node "
-                            f"{rep.node} (GPUs {rep.cuda_visible_devices}), serves port {port}.")
+        lines = header(ctx, f"vLLM replica {rep.index} of {n} (copy {rep.copy} of {ctx.copies}): run on "
+                            f"{owner.gpu} node {rep.node} (GPUs {rep.cuda_visible_devices}), serves port {port}.")
         lines += [cuda_devices(rep.cuda_visible_devices), "exec " + shell_command(argv)]
         files[f"serve-replica-{rep.index}.sh"] = script(lines)
-    if owner.replicas > 1:
-        urls = [worker_url(rep.node, port) for rep, port in zip(placement, ports)]
-        argv = [ROUTER, "--host", "0.0.0.0", "--port", str(BASE_PORT), "--policy", "round_robin",
-                "--worker-urls", *urls]
-        lines = header(ctx, f"Router in front of the {owner.replicas} replicas (round robin keeps "
-                            f"{owner.resident_batch} requests on each); needs `pip install vllm-router`.")
-        lines.append("exec " + shell_command(argv))
-        files["router.sh"] = script(lines)
+    if n > 1:
+        files["router.sh"] = router(ctx, [ROUTER], placement, ports, owner,
+                                    "needs `pip install vllm-router`")
     if data_parallel_applies(ctx, owner):
         devices = ",".join(str(d) for rep in placement for d in rep.devices)
         argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(BASE_PORT),
-                flags["dp"], str(owner.replicas), *engine_args(ctx, owner, flags)]
+                flags["dp"], str(n), *engine_args(ctx, owner, flags)]
         lines = header(ctx, f"Instead of serve-replica-*.sh + router.sh: one vLLM server with "
-                            f"{owner.replicas} data-parallel engines on {owner.gpu} node 0 (GPUs {devices}), "
+                            f"{n} data-parallel engines on {owner.gpu} node 0 (GPUs {devices}), "
                             f"load-balanced by vLLM itself, port {BASE_PORT}.")
         lines += [cuda_devices(devices), "exec " + shell_command(argv)]
         files["serve-data-parallel.sh"] = script(lines)
-    files["benchmark.sh"] = benchmark(ctx, backend="vllm")
+    files.update(benchmark_vllm(ctx, backend="vllm"))
     return files
+
+
+def router(ctx: Context, program: list[str], placement, ports, owner, needs: str) -> bytes:
+    """The router over every group of every copy (round robin: each keeps its resident batch)."""
+    urls = [worker_url(rep.node, port) for rep, port in zip(placement, ports)]
+    argv = [*program, "--host", "0.0.0.0", "--port", str(BASE_PORT), "--policy", "round_robin",
+            "--worker-urls", *urls]
+    lines = header(ctx, f"Router in front of the {len(placement)} replicas of {ctx.copies} "
+                        f"cop{'y' if ctx.copies == 1 else 'ies'} (round robin keeps {owner.resident_batch} "
+                        f"requests on each); {needs}.")
+    lines.append("exec " + shell_command(argv))
+    return script(lines)
 
 
 def data_parallel_applies(ctx: Context, owner) -> bool:
@@ -107,26 +121,9 @@ def data_parallel_applies(ctx: Context, owner) -> bool:
     replicas share one node: for MoE models vLLM steps DP ranks in lockstep and spreads the
     experts over DP x TP GPUs, which is not what the plan sized."""
     dense = ctx.spec is not None and all(layer.mlp.kind == "dense" for layer in ctx.spec.layers)
-    return owner.replicas > 1 and dense and all(r.node == 0 for r in ctx.placement(owner))
-
-
-def benchmark(ctx: Context, backend: str, what: str = "the deployment") -> bytes:
-    """`vllm bench serve` at the plan's global batch; prints p50/p95 TPOT against `tpot_ms`."""
-    v = BENCH_VARS
-    argv = ["vllm", "bench", "serve", "--backend", backend,
-            "--base-url", Word("http://", v["HOST"], ":", v["PORT"]), "--model", ctx.model_id,
-            "--dataset-name", "random", "--random-input-len", v["INPUT_LEN"],
-            "--random-output-len", v["OUTPUT_LEN"], "--num-prompts", v["NUM_PROMPTS"],
-            "--max-concurrency", v["CONCURRENCY"], "--ignore-eos",
-            "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,95",
-            "--save-result", "--result-dir", v["RESULT_DIR"], "--result-filename", "tpot.json"]
-    lines = header(ctx, f"Benchmark {what} with vLLM's own client (vllm bench serve) and compare "
-                        "TPOT with the plan.")
-    lines += bench_env(ctx.plan)
-    lines.append(shell_command(argv))
-    lines += compare_tpot_snippet(ctx.plan, "p50_tpot_ms", "p95_tpot_ms", Word(v["RESULT_DIR"], "/tpot.json"))
-    return script(lines)
+    return ctx.groups(owner) > 1 and dense and all(r.node == 0 for r in ctx.placement(owner))
 
 
 TARGET = Target(name="vllm", summary="vllm serve per replica, vllm-router", versions=tuple(FLAGS),
-                default_version="0.33.0", fits=fits, check=check, render=render)
+                default_version="0.33.0", fits=fits, check=check, render=render,
+                search_limits=COLOCATED_LIMITS)

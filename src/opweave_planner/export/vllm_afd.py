@@ -15,6 +15,7 @@ import json
 from opweave_planner.errors import InternalError, UserError
 from opweave_planner.export import vllm as _vllm
 from opweave_planner.export.base import Context, Refusal, Target
+from opweave_planner.export.bench import benchmark_vllm
 from opweave_planner.export.common import BASE_PORT, refuse
 from opweave_planner.export.shell import (
     Var,
@@ -101,49 +102,51 @@ def check(ctx: Context) -> None:
 _HOST_SLOT = "\x00host\x00"  # where ${AFD_HOST} goes in the JSON (a NUL is in no other value)
 
 
-def additional_config(role: str, ranks: tuple[int, int]) -> Word:
+def additional_config(role: str, ranks: tuple[int, int], port: int = AFD_PORT) -> Word:
     """The plugin's `--additional-config` JSON as one word whose only expansion is `${AFD_HOST}`."""
-    afd = {"afd": {"role": role, "connector": CONNECTOR, "host": _HOST_SLOT, "port": AFD_PORT,
+    afd = {"afd": {"role": role, "connector": CONNECTOR, "host": _HOST_SLOT, "port": port,
                    "num_attention_ranks": ranks[0], "num_ffn_ranks": ranks[1]}}
     before, after = json.dumps(afd, separators=(",", ":")).split(json.dumps(_HOST_SLOT))
     return Word(before + '"', Var("AFD_HOST"), '"' + after)
 
 
-def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: int) -> dict[str, bytes]:
+def _role_scripts(ctx: Context, role: str, owner, ranks: tuple[int, int], port: int, copy: int,
+                  afd_host: Var) -> dict[str, bytes]:
+    """One script per node of one role of one copy (each copy is its own attention | FFN pair)."""
     flags = FLAGS[ctx.version]
-    extra = additional_config(role, ranks)
-    placement = ctx.placement(owner)
+    extra = additional_config(role, ranks, AFD_PORT + copy)
+    placement = [r for r in ctx.placement(owner) if r.copy == copy]
     nodes = sorted({r.node for r in placement})
     files = {}
     for k, node in enumerate(nodes):
         here = [r for r in placement if r.node == node]
         devices = ",".join(str(d) for r in here for d in r.devices)
         argv = ["vllm", "serve", ctx.model_id, flags["dp"], str(owner.replicas),
-                *_vllm.engine_args(ctx, owner, flags)]
-        if flags["ep"] not in argv:
-            argv.append(flags["ep"])  # the plugin's recipes always run the experts expert-parallel
+                *_vllm.engine_args(ctx, owner, flags)]  # expert parallel only where the plan has it
         if ctx.plan.microbatches == 2:
             argv.append(flags["dbo"])
         argv += [flags["extra"], extra]
         if len(nodes) > 1:
             argv += [flags["dp_local"], str(len(here)), flags["dp_addr"], Var("HEAD_ADDRESS"),
-                     flags["dp_rpc"], str(DP_RPC_PORT)]
+                     flags["dp_rpc"], str(DP_RPC_PORT + copy)]
         if k > 0:
-            argv += [flags["headless"], flags["dp_start"], str(here[0].index)]
+            argv += [flags["headless"], flags["dp_start"], str(here[0].index - copy * owner.replicas)]
         else:
             argv += [flags["host"], "0.0.0.0", flags["port"], str(port)]
-        lines = header(ctx, f"AFD {role} role, owner {owner.index} ({owner.replicas}x {owner.gpu} "
+        of = f" of copy {copy} ({ctx.copies} copies)" if ctx.copies > 1 else ""
+        lines = header(ctx, f"AFD {role} role{of}, owner {owner.index} ({owner.replicas}x {owner.gpu} "
                             f"TP{owner.tensor_parallel}, {owner.resident_batch} requests per replica = DP rank): "
                             f"node {node} ({k + 1} of {len(nodes)} for this role), GPUs {devices}.")
         lines += [comment("AFD_HOST: the connector's rendezvous address, the same value on both roles."),
-                  assign("AFD_HOST", Var("AFD_HOST", default="127.0.0.1"))]
+                  assign("AFD_HOST", afd_host)]
         if len(nodes) > 1:
             lines.append(assign("HEAD_ADDRESS", Var("HEAD_ADDRESS", required="set HEAD_ADDRESS to node "
                                                                               + integer(nodes[0]))))
         lines += ["export " + assign("VLLM_USE_V2_MODEL_RUNNER", "0", "the plugin supports model runner v1 only"),
                   _vllm.cuda_devices(devices),
                   "exec " + shell_command(argv)]
-        files[f"{role}-node-{node}.sh"] = script(lines)
+        prefix = f"copy-{copy}-" if ctx.copies > 1 else ""
+        files[f"{prefix}{role}-node-{node}.sh"] = script(lines)
     return files
 
 
@@ -155,9 +158,21 @@ def render(ctx: Context) -> dict[str, bytes]:
     a, f = ctx.plan.owners[ia], ctx.plan.owners[iff]
     ranks = (a.replicas * a.tensor_parallel, f.replicas * f.tensor_parallel)
     files = {}
-    files.update(_role_scripts(ctx, "attention", a, ranks, BASE_PORT))
-    files.update(_role_scripts(ctx, "ffn", f, ranks, BASE_PORT + 1))
-    files["benchmark.sh"] = _vllm.benchmark(ctx, backend="vllm", what="the attention API server")
+    ports = []
+    for c in range(ctx.copies):
+        nodes = {r.node for o in (a, f) for r in ctx.placement(o) if r.copy == c}
+        # one node: the roles meet on loopback; across nodes the address must be given
+        host = (Var("AFD_HOST", default="127.0.0.1") if len(nodes) == 1 else
+                Var("AFD_HOST", required="set AFD_HOST to the address of the attention role head node"))
+        port = BASE_PORT + (2 * c + 1 if ctx.copies > 1 else 0)
+        ports.append(port)
+        files.update(_role_scripts(ctx, "attention", a, ranks, port, c, host))
+        files.update(_role_scripts(ctx, "ffn", f, ranks, port + 1 if ctx.copies > 1 else BASE_PORT + 1, c, host))
+    if ctx.copies > 1:
+        heads = [next(r for r in ctx.placement(a) if r.copy == c) for c in range(ctx.copies)]
+        files["router.sh"] = _vllm.router(ctx, [_vllm.ROUTER], heads, ports, a, "needs `pip install vllm-router`")
+    files.update(benchmark_vllm(ctx, backend="vllm", what="the attention API server"
+                                + ("s through router.sh" if ctx.copies > 1 else "")))
     return files
 
 

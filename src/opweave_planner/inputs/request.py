@@ -59,6 +59,10 @@ class PlanRequest(BaseModel):
                           default=..., cli="str")
     ctx: int | None = _setting("Context length in tokens, every request at it: 32k = 32768, 1.5k = 1536, or "
                                "131072 (or give --workload)", cli="str")
+    prompt_len: int | None = _setting("With --ctx: prompt tokens of a request (default: --ctx minus --output-len); "
+                                      "the window a runtime admits is prompt + output", cli="str")
+    output_len: int | None = _setting("With --ctx: output tokens of a request (default: --ctx minus --prompt-len)",
+                                      cli="str")
     workload: str | None = _setting(
         f"Request lengths instead of one --ctx: a trace ({traces.listing()}), a law .toml, or inline "
         "'lognormal:mean=12k,cv=1.2;"
@@ -74,6 +78,10 @@ class PlanRequest(BaseModel):
                                             "default 95)", cli="str")
     kv_quantile: float = _setting("Quantile of a replica's summed KV/state that its memory is sized for "
                                   "(with --workload)", default=0.999, cli="str")
+    preemptions_per_request: float = _setting(
+        "Forced preemptions per served request a replica's KV reserve may cause: the reserve is the "
+        "smallest capacity its summed KV crosses that rarely, and never below --kv-quantile's "
+        "(with --workload)", default=1e-4, cli="str")
     scenarios: int = _setting("Sampled snapshots of the resident contexts a plan is evaluated on "
                               "(with --workload)", default=256, ge=16, le=65536)
     seed: int = _setting("Seed of those snapshots (same seed: same snapshots, same plan bytes)", default=0,
@@ -148,7 +156,7 @@ class PlanRequest(BaseModel):
             return float(v)
         return units.parse_duration_ms(v, "--slo")
 
-    @field_validator("ctx", "scale_ctx", "max_model_len", mode="before")
+    @field_validator("ctx", "prompt_len", "output_len", "scale_ctx", "max_model_len", mode="before")
     @classmethod
     def _tokens(cls, v: Any, info) -> int | None:
         return None if v is None else units.parse_tokens(v, flag_of(info.field_name))
@@ -187,6 +195,17 @@ class PlanRequest(BaseModel):
         from opweave_planner.workload.spec import parse_quantile
 
         return parse_quantile(v, "--kv-quantile")
+
+    @field_validator("preemptions_per_request", mode="before")
+    @classmethod
+    def _preemptions(cls, v: Any) -> float:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            x = math.nan
+        if isinstance(v, bool) or not (0 < x < 1):
+            raise UserError(f"--preemptions-per-request: expected a number in (0, 1), e.g. 1e-4, got {v!r}")
+        return x
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -298,7 +317,12 @@ class PlanRequest(BaseModel):
             for name in WORKLOAD_ONLY:  # given with a value other than its default
                 if getattr(self, name) != PlanRequest.model_fields[name].default:
                     raise UserError(f"{flag_of(name)}: only applies with --workload (--ctx is one fixed context)")
+            self._lengths_fit()
         else:
+            for name in CTX_ONLY:
+                if getattr(self, name) is not None:
+                    raise UserError(f"{flag_of(name)}: only applies with --ctx (a workload's requests carry "
+                                    f"their own lengths)")
             # a bad trace or law fails here, before any search. Without --max-model-len the limit is
             # the model's window (with_model_window): check now, shape once that limit is known.
             # The reader and the shaping cache by the file's stamp and the spec, so the compile
@@ -308,6 +332,18 @@ class PlanRequest(BaseModel):
             workload_spec(workload=self.workload, scale_ctx=self.scale_ctx, max_model_len=self.max_model_len,
                           overflow=self.overflow, shape=self.max_model_len is not None)
         return self
+
+    def _lengths_fit(self) -> None:
+        """One of --prompt-len / --output-len takes the rest of --ctx; both must leave a token each."""
+        p, o = self.prompt_len, self.output_len
+        if p is None and o is None:
+            return
+        if p is not None and o is not None:
+            return
+        given, name = (p, "prompt_len") if p is not None else (o, "output_len")
+        if given >= self.ctx:
+            raise UserError(f"{flag_of(name)}: {given} tokens leaves no room in --ctx {self.ctx} for the "
+                            f"{'output' if p is not None else 'prompt'}; give both --prompt-len and --output-len")
 
     @model_validator(mode="after")
     def _budget_holds_the_policy(self) -> PlanRequest:
@@ -337,6 +373,15 @@ class PlanRequest(BaseModel):
         return 95.0 if self.slo_percentile is None else self.slo_percentile
 
     @property
+    def lengths(self) -> tuple[int, int] | None:
+        """(prompt, output) tokens of a fixed-context request when either was given, else None."""
+        if self.ctx is None or (self.prompt_len is None and self.output_len is None):
+            return None
+        p = self.prompt_len if self.prompt_len is not None else self.ctx - self.output_len
+        o = self.output_len if self.output_len is not None else self.ctx - self.prompt_len
+        return p, o
+
+    @property
     def reserve_gb(self) -> float:
         """The per-GPU reserve in effect (the default when not given)."""
         return DEFAULT_RESERVE_GB if self.memory_reserve_gb is None else self.memory_reserve_gb
@@ -349,7 +394,10 @@ class PlanRequest(BaseModel):
 
 
 # settings that describe a workload: refused with --ctx unless left at their default
-WORKLOAD_ONLY = ("scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile", "scenarios", "seed")
+WORKLOAD_ONLY = ("scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile",
+                 "preemptions_per_request", "scenarios", "seed")
+# settings of a fixed context: refused with --workload
+CTX_ONLY = ("prompt_len", "output_len")
 
 
 def with_model_window(req: PlanRequest, max_context: int | None) -> PlanRequest:

@@ -5,7 +5,8 @@ Input layout (aiconfigurator-core 0.12.0 wheel, ``aiconfigurator_core/systems``)
     <src>/systems/<gpu>.yaml
     <src>/systems/data/<gpu>/<family>/<backend>/<version>/<table>.parquet
 
-Only decode-relevant tables are kept (see profiles/README.md). Per family the
+Decode tables and the prefill side (context attention, context MLA, Gated DeltaNet) are kept
+(see profiles/README.md). Per family the
 backend version that matches the GEMM table's version is used, else the newest.
 pyarrow is imported lazily: it is only needed here (``opweave-planner[import]``).
 """
@@ -208,6 +209,37 @@ def _points(kind: str, rows: Iterable[dict]) -> tuple[dict, str]:
             )
             _min_into(pts, key, r["latency"] * _MS_TO_US)
         note = "routing: distribution=balanced -> balanced, power_law_1.2 -> power-law"
+    elif kind == "context_attention":
+        for r in rows:
+            if r.get("beam_width", 1) != 1 or r.get("step", 0) != 0:
+                continue
+            key = (r["kv_cache_dtype"], r["num_heads"], r["num_key_value_heads"], r["head_dim"],
+                   r.get("window_size") or 0, r["batch_size"], r["isl"])
+            _min_into(pts, key, r["latency"] * _MS_TO_US)
+        note = "prefill attention over seq_len = isl new tokens per request (step 0: no cached prefix)"
+    elif kind == "mla_context":
+        for r in rows:
+            if r.get("step", 0) != 0:
+                continue
+            gemm_dtype = r.get("gemm_type") or r.get("mla_dtype")
+            key = (r["kv_cache_dtype"], gemm_dtype, r["num_heads"], r["batch_size"], r["isl"])
+            _min_into(pts, key, r["latency"] * _MS_TO_US)
+        note = "DeepSeek-V3 MLA prefill module; seq_len = isl (no cached prefix)"
+    elif kind == "linear_attention":
+        cells: dict[tuple, dict[str, float]] = {}
+        for r in rows:
+            if r.get("phase") != "context":
+                continue
+            key = (r["num_k_heads"], r["head_k_dim"], r["num_v_heads"], r["head_v_dim"],
+                   r["batch_size"], r["seq_len"])
+            kernels = cells.setdefault(key, {})
+            src = str(r.get("kernel_source", ""))
+            lat = r["latency"] * _MS_TO_US
+            kernels[src] = min(lat, kernels.get(src, lat))
+        for key, kernels in cells.items():
+            _min_into(pts, key, sum(kernels.values()))
+        note = ("Gated DeltaNet prefill: conv1d + chunked delta rule summed per cell; "
+                "seq_len = new tokens per request")
     elif kind == "allreduce":
         rows = list(rows)
         graph = [r for r in rows if "graph" in str(r.get("kernel_source", ""))]
@@ -225,6 +257,9 @@ _SOURCES = {  # kind -> (family folder, candidate table names in preference orde
     "mla": ("mla", ("mla_generation_module_perf", "generation_mla_perf")),
     "moe": ("moe", ("moe_perf",)),
     "allreduce": ("comm", ("custom_allreduce_perf",)),
+    "context_attention": ("attention", ("context_attention_perf",)),
+    "mla_context": ("mla", ("mla_context_module_perf", "context_mla_perf")),
+    "linear_attention": ("linear_attention", ("gdn_perf",)),
 }
 
 

@@ -66,9 +66,12 @@ __all__ = [
     "SOURCE_NAMES",
     "SOURCE_SHORT",
     "allreduce",
+    "context_attention",
     "decode_attention",
     "efficiency",
     "gemm",
+    "linear_attention",
+    "mla_context",
     "mla_decode",
     "moe",
     "shipped_efficiencies",
@@ -370,6 +373,57 @@ def _scaled(ps: ProfileSet, kind: _Kind, key: tuple, src: ProfileSet, use: tuple
     return _Prepared(prep.axes, values, codes, sol)
 
 
+def _bracket_values(axis: tuple[int, ...], v: int) -> tuple[int, int] | None:
+    """The measured values either side of `v` on a sorted axis (equal when `v` is one), or None."""
+    i = int(np.searchsorted(axis, v))
+    if i < len(axis) and axis[i] == v:
+        return axis[i], axis[i]
+    if i == 0 or i == len(axis):
+        return None
+    return axis[i - 1], axis[i]
+
+
+def _between_shapes(ps: ProfileSet, key: tuple) -> _Prepared | None:
+    """A GEMM shape inside the measured (n, k) grid: bilinear in (n, k) between the four
+    measured shapes around it, grid point by grid point in m (INTERPOLATED at best).
+
+    aiconfigurator's tables are a full (n, k) grid of model-like widths (22 x 22 on the
+    vLLM tables) and it serves any shape inside it from the measurements; a nearest-shape
+    roofline scale (FITTED) would throw the neighbours' measurements away. Needs all four
+    corners measured in the same dtype; else None (the nearest-shape rule applies). A dtype
+    dropped at import reads its sibling's grid (fp8_block -> fp8), FITTED.
+    """
+    dtype, n, k = key
+    table = ps.tables["gemm"]
+    label = INTERPOLATED
+    if dtype not in _gemm_dtypes(ps) and pl.GEMM_FALLBACK.get(dtype) in _gemm_dtypes(ps):
+        dtype, label = pl.GEMM_FALLBACK[dtype], FITTED  # an untrusted family reads its sibling
+    ck = ("gemm_nk", dtype)
+    if ck not in ps.cache:
+        shapes = {(c[1], c[2]) for c in table.grids if c[0] == dtype}
+        ps.cache[ck] = (shapes, tuple(sorted({s[0] for s in shapes})), tuple(sorted({s[1] for s in shapes})))
+    shapes, ns, ks = ps.cache[ck]
+    bn, bk = _bracket_values(ns, n), _bracket_values(ks, k)
+    if bn is None or bk is None or not all((a, b) in shapes for a in bn for b in bk):
+        return None
+    tn = 0.0 if bn[0] == bn[1] else (n - bn[0]) / (bn[1] - bn[0])
+    tk = 0.0 if bk[0] == bk[1] else (k - bk[0]) / (bk[1] - bk[0])
+    values = 0.0
+    codes = np.full(table.axis_arrays[0].shape, label, np.int8)
+    for a, wa in zip(bn, (1 - tn, tn), strict=True):
+        for b, wb in zip(bk, (1 - tk, tk), strict=True):
+            prep = _prepared(ps, _GEMM, (dtype, a, b))
+            values = values + wa * wb * prep.values
+            if wa * wb > 0:
+                codes = np.maximum(codes, prep.codes)
+    for ax in range(values.ndim):
+        values = np.maximum.accumulate(values, axis=ax)
+    sol = _sol_for(ps, _GEMM, key)
+    floor = sol(*np.meshgrid(*table.axis_arrays, indexing="ij"))
+    codes = np.where(values < floor * (1 - 1e-3), np.maximum(codes, FLOORED), codes).astype(np.int8)
+    return _Prepared(table.axis_arrays, np.maximum(values, floor), codes, sol)
+
+
 def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
     """Grid for `key`: its own measurements, the nearest shape's grid scaled, or (family or
     dtype not measured on this GPU, or an attention layout only a dominating GPU measured)
@@ -381,7 +435,10 @@ def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
     if ck in ps.cache:
         return ps.cache[ck]
     use = _resolve(ps, kind, key)
-    prep = None
+    prep = _between_shapes(ps, key) if kind.name == "gemm" and use is not None and use != key else None
+    if prep is not None:
+        ps.cache[ck] = prep
+        return prep
     # attention kernels depend on the exact head layout: a dominating GPU that measured this
     # layout beats this GPU's nearest other layout (A100 has head_dim 128 only)
     same = _donor(ps, kind, key, exact=True) if use not in (None, key) and kind.name == "attention" else None
@@ -478,6 +535,55 @@ def decode_attention(
         kv = np.minimum(kv, window)
     key = (kv_dtype, int(n_heads), int(n_kv_heads), int(head_dim), window)
     return _lookup(ps, _ATTN, key, [batch, kv])
+
+
+# ----------------------------------------------------------------------------- prefill attention
+
+
+_CTX_ATTN = _Kind("context_attention", _attn_distance, attention_overhead=True)
+
+
+def context_attention(
+    ps: ProfileSet,
+    batch,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    seq_len,
+    window: int = 0,
+    kv_dtype: str = "bfloat16",
+) -> Result:
+    """Latency (µs) of one causal prefill-attention call over `seq_len` new tokens for each of
+    `batch` requests with no cached prefix (aiconfigurator's context tables, step 0).
+
+    Head counts are per GPU. A prefix is the caller's rule (`latency.prefill`).
+    """
+    key = (kv_dtype, int(n_heads), int(n_kv_heads), int(head_dim), int(window or 0))
+    return _lookup(ps, _CTX_ATTN, key, [batch, seq_len])
+
+
+_MLA_CTX = _Kind(
+    "mla_context",
+    lambda q, c: (
+        (0.0 if q[0] == c[0] else 2.0) + (0.0 if q[1] == c[1] else 1.0) + _log_gap(q[2], c[2])
+    ),
+    attention_overhead=True,
+)
+
+
+def mla_context(ps: ProfileSet, batch, n_heads: int, seq_len, kv_dtype: str = "bfloat16",
+                gemm_dtype: str = "bfloat16") -> Result:
+    """Latency (µs) of a DeepSeek-V3-shaped MLA prefill module over `seq_len` new tokens."""
+    return _lookup(ps, _MLA_CTX, (kv_dtype, gemm_dtype, int(n_heads)), [batch, seq_len])
+
+
+_LINEAR = _Kind("linear_attention", lambda q, c: sum(_log_gap(a, b) for a, b in zip(q, c, strict=True)))
+
+
+def linear_attention(ps: ProfileSet, batch, n_k_heads: int, k_dim: int, n_v_heads: int, v_dim: int,
+                     seq_len) -> Result:
+    """Latency (µs) of a Gated DeltaNet prefill (conv1d + chunked delta rule) per GPU."""
+    return _lookup(ps, _LINEAR, (int(n_k_heads), int(k_dim), int(n_v_heads), int(v_dim)), [batch, seq_len])
 
 
 # ----------------------------------------------------------------------------- MLA

@@ -120,6 +120,29 @@ class _Kernels:
     def memory_pass(self, b, nbytes, flops):
         return self._roof((b * nbytes, b * flops), b, attention=True)
 
+    def _prefill(self, table, work, b, seq_len, *shape):
+        """A prefill kernel over `b` requests of `seq_len` new tokens each, no prefix: its table
+        (`table(ps, b, *shape, s)`) when profiled, else the roofline of `work(b, *shape, s)`."""
+        s = np.asarray(seq_len, dtype=np.float64)
+        if self.ps is not None:
+            return table(self.ps, b, *shape, s)
+        return self._roof(work(b, *shape, s), np.broadcast_to(b, s.shape), attention=True)
+
+    def context_attention(self, b, nh, nkv, hd, seq_len, window):
+        def table(ps, b, nh, nkv, hd, s):
+            return interp.context_attention(ps, b, nh, nkv, hd, s, window)
+
+        def work(b, nh, nkv, hd, s):
+            return rf.context_attention_work(b, nh, nkv, hd, s, window)
+
+        return self._prefill(table, work, b, seq_len, nh, nkv, hd)
+
+    def mla_context(self, b, nh, seq_len):
+        return self._prefill(interp.mla_context, rf.mla_context_work, b, seq_len, nh)
+
+    def linear_attention(self, b, nk, dk, nv, dv, seq_len):
+        return self._prefill(interp.linear_attention, rf.linear_attention_work, b, seq_len, nk, dk, nv, dv)
+
     def moe(self, b, hidden, inter, topk, experts, tp, ep, dtype):
         if self.ps is not None:
             return interp.moe(self.ps, b, hidden, inter, topk, experts, tp, ep, dtype, self.routing)
@@ -278,10 +301,14 @@ _COSTS = {
 }
 
 
-def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b):
-    """(latency µs, source) arrays over microbatch sizes `b` for one operator on one GPU."""
+def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b,
+                core=None):
+    """(latency µs, source) arrays over microbatch sizes `b` for one operator on one GPU.
+
+    `core` replaces the operator's own kernel list (the prefill side's attention over a prompt);
+    its elementwise passes and the all-reduce after it are costed here either way."""
     traits = op.traits
-    parts = _COSTS[traits.kernel](kern, op, seq, par, context, b)
+    parts = _COSTS[traits.kernel](kern, op, seq, par, context, b) if core is None else list(core)
     for nbytes in elementwise_bytes(op, seq, par.tp):
         parts.append(kern.elementwise(b, nbytes))
     if traits.allreduce_after:
@@ -291,6 +318,25 @@ def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parall
     # the figure is as trustworthy as the kernel that dominates it
     src = np.take_along_axis(srcs, lats.argmax(axis=0)[None, :], axis=0)[0].astype(np.int8)
     return lats.sum(axis=0), src
+
+
+@lru_cache(maxsize=32)
+def kernels_for(gpu: GpuType, profiles_dir: str | None = None, backend: str = "vllm",
+                moe_routing: str = interp.DEFAULT_MOE_ROUTING) -> _Kernels:
+    """The kernel costs of one GPU description (tables when profiled, else the calibrated roofline)."""
+    return _Kernels(gpu, Path(os.path.realpath(profiles_root(profiles_dir))), backend, moe_routing)
+
+
+def token_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, tokens,
+                  core=None):
+    """(latency µs, source) of one operator over `tokens` tokens on one GPU: its GEMMs at m =
+    tokens, its fused MoE over tokens, its elementwise passes and all-reduce per token. An
+    attention operator needs `core`, the (latency, source) pairs of its core kernels (the
+    decode rule reads a KV cache the prefill side does not have)."""
+    b = np.atleast_1d(np.asarray(tokens, dtype=np.float64))
+    if core is None and op.traits.kernel in (Kernel.ATTENTION, Kernel.STATE, Kernel.LATENT):
+        raise ValueError(f"{op.name}: an attention operator's prefill cost needs its core kernels")
+    return _op_latency(kern, op, seq, par, 0, b, core)
 
 
 def _signature(op: Operator) -> tuple:

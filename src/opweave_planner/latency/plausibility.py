@@ -68,7 +68,24 @@ def _allreduce(key, message_bytes):
     return rf.allreduce_work(n_gpus, message_bytes), np.zeros_like(np.asarray(message_bytes, float))
 
 
+def _context_attention(key, batch, seq_len):
+    kv_dtype, nh, nkv, hd, window = key
+    return rf.context_attention_work(batch, nh, nkv, hd, seq_len, window, kv_dtype)
+
+
+def _mla_context(key, batch, seq_len):
+    kv_dtype, gemm_dtype, nh = key
+    return rf.mla_context_work(batch, nh, seq_len, kv_dtype, gemm_dtype)
+
+
+def _linear_attention(key, batch, seq_len):
+    return rf.linear_attention_work(batch, *key, seq_len)
+
+
 _WORK: dict[str, Callable] = {
+    "context_attention": _context_attention,
+    "mla_context": _mla_context,
+    "linear_attention": _linear_attention,
     "gemm": _gemm,
     "attention": _attention,
     "mla": _mla,
@@ -89,7 +106,9 @@ def link_bound(kind: str) -> bool:
 
 def compute_dtype(kind: str, key: tuple) -> str:
     """The dtype whose tensor-core peak bounds the kernel (MLA: its GEMM dtype)."""
-    return str(key[1] if kind == "mla" else key[0])
+    if kind == "linear_attention":
+        return "bfloat16"
+    return str(key[1] if kind in ("mla", "mla_context") else key[0])
 
 
 def sol_floor(kind: str, bandwidth_gbps: float, link_gbps: float,

@@ -133,6 +133,48 @@ def attention_work(
     return kv + qo, 4.0 * b * n_heads * s * head_dim
 
 
+def context_attention_work(
+    batch, n_heads: int, n_kv_heads: int, head_dim: int, seq_len, window: int = 0,
+    kv_dtype: str = "bfloat16",
+) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, flops) of one causal prefill-attention call over `seq_len` new tokens per request:
+    read q, k, v and write o once (the tiles stay on chip); QK^T and PV over the causal triangle,
+    each query seeing at most `window` keys when windowed."""
+    b = np.asarray(batch, dtype=np.float64)
+    s = np.asarray(seq_len, dtype=np.float64)
+    keys = s * (s + 1) / 2.0 if not window else np.where(s <= window, s * (s + 1) / 2.0,
+                                                         window * (window + 1) / 2.0 + (s - window) * window)
+    nbytes = b * s * head_dim * (2.0 * n_heads * 2.0 + 2.0 * n_kv_heads * dtype_bytes(kv_dtype))
+    return nbytes, 4.0 * b * n_heads * head_dim * keys
+
+
+def mla_context_work(batch, n_heads: int, seq_len, kv_dtype: str = "bfloat16",
+                     gemm_dtype: str = "bfloat16") -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, flops) of a DeepSeek-V3 MLA prefill module: its projections over every token
+    (weights read once) and causal attention over the up-projected heads (192 qk, 128 v)."""
+    b = np.asarray(batch, dtype=np.float64)
+    s = np.asarray(seq_len, dtype=np.float64)
+    w_bytes, _ = mla_work(0.0, n_heads, 0.0, kv_dtype, gemm_dtype)
+    _, per_token = mla_work(1.0, n_heads, 0.0, kv_dtype, gemm_dtype)
+    tokens = b * s
+    attn = 2.0 * b * n_heads * (192 + 128) * s * (s + 1) / 2.0
+    return w_bytes + tokens * 7168 * 4.0, tokens * per_token + attn
+
+
+def linear_attention_work(batch, n_k_heads: int, k_dim: int, n_v_heads: int, v_dim: int, seq_len,
+                          conv_kernel: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, flops) of a Gated DeltaNet prefill (conv1d + chunked delta rule) over `seq_len`
+    tokens per request: q, k, v in and o out per token, the state written once, the state
+    update per token."""
+    b = np.asarray(batch, dtype=np.float64)
+    s = np.asarray(seq_len, dtype=np.float64)
+    width = 2 * n_k_heads * k_dim + 2 * n_v_heads * v_dim
+    state = n_v_heads * k_dim * v_dim * 4.0
+    nbytes = b * s * width * 2.0 * 2.0 + b * state
+    flops = b * s * (6.0 * n_v_heads * k_dim * v_dim + 2.0 * width * conv_kernel)
+    return nbytes, flops
+
+
 def mla_work(
     batch,
     n_heads: int,

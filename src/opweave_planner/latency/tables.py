@@ -33,8 +33,10 @@ from opweave_planner.inputs.hardware import SystemSpec
 from opweave_planner.latency.monotone import KEEP_TOL, robust_monotone
 
 __all__ = [
+    "DECODE_KINDS",
     "FORMAT_VERSION",
     "KIND_SCHEMA",
+    "PREFILL_KINDS",
     "GridTable",
     "ProfileSet",
     "SystemSpec",
@@ -48,7 +50,8 @@ __all__ = [
 
 FORMAT_VERSION = 1
 
-Kind = Literal["gemm", "attention", "mla", "moe", "allreduce"]
+Kind = Literal["gemm", "attention", "mla", "moe", "allreduce", "context_attention", "mla_context",
+               "linear_attention"]
 
 #: kind -> (categorical key fields, continuous axes in grid order)
 KIND_SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -60,7 +63,19 @@ KIND_SCHEMA: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "mla": (("kv_dtype", "gemm_dtype", "n_heads"), ("batch", "kv_len")),
     "moe": (("dtype", "hidden", "inter", "topk", "n_experts", "tp", "ep", "routing"), ("tokens",)),
     "allreduce": (("dtype", "n_gpus"), ("message_bytes",)),
+    # the prefill side: one pass over `seq_len` new tokens per request, no cached prefix
+    "context_attention": (
+        ("kv_dtype", "n_heads", "n_kv_heads", "head_dim", "window"),
+        ("batch", "seq_len"),
+    ),
+    "mla_context": (("kv_dtype", "gemm_dtype", "n_heads"), ("batch", "seq_len")),
+    "linear_attention": (("n_k_heads", "k_dim", "n_v_heads", "v_dim"), ("batch", "seq_len")),
 }
+
+#: the families a decode plan reads (its profiles fingerprint covers these files only) and the
+#: prefill side's, which a decode plan never reads
+DECODE_KINDS = ("gemm", "attention", "mla", "moe", "allreduce")
+PREFILL_KINDS = ("context_attention", "mla_context", "linear_attention")
 
 _STRICT = ConfigDict(frozen=True, extra="forbid")
 

@@ -7,15 +7,19 @@ the request's workload and searched space, and list the simpler alternatives aga
 from __future__ import annotations
 
 import hashlib
+import os
 from enum import IntEnum
+from pathlib import Path
 
 from opweave_planner import __version__
 from opweave_planner.data import profiles_root
+from opweave_planner.latency.tables import DECODE_KINDS
 from opweave_planner.plan.io import dumps, plan_version, rounded, schema_version_for
 from opweave_planner.plan.request import space_values
 from opweave_planner.plan.schema import (
     Alternative,
     Distribution,
+    KvEventsOut,
     Metrics,
     OwnerOut,
     Plan,
@@ -28,7 +32,7 @@ from opweave_planner.plan.schema import (
     Workload,
 )
 
-__all__ = ["build_plan", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
+__all__ = ["build_plan", "workload_of", "recorded_path", "workload_record", "space_record", "search_stats", "provenance", "profiles_hash",
            "with_alternatives", "tpot_stats", "CriticalResource"]
 
 
@@ -41,7 +45,9 @@ def profiles_hash(profiles_dir: str | None, gpus: list[str], backend: str) -> st
     h = hashlib.sha256()
     for gid in sorted(set(gpus)):
         folder = root / gid
-        for p in sorted(folder.glob("*.json")) + sorted((folder / backend).glob("*.json")):
+        # the decode tables only: adding the prefill side's files changes no decode plan
+        tables = sorted(p for p in (folder / backend).glob("*.json") if p.stem in DECODE_KINDS)
+        for p in sorted(folder.glob("*.json")) + tables:
             h.update(p.relative_to(root).as_posix().encode())
             h.update(p.read_bytes())
     return h.hexdigest()
@@ -104,7 +110,36 @@ class CriticalResource(IntEnum):
         return self.name.lower().replace("_", " ")
 
 
-def _owners(ctx, splan, sel, ev) -> list[OwnerOut]:
+def kv_event_records(ctx, prob, sel, ev) -> list[KvEventsOut | None]:
+    """Per owner, its replica's KV overflow episodes at the reserve and at the usable memory (the
+    usable bytes left for context-dependent KV, in the tokens the reserve is counted in)."""
+    from opweave_planner.compile.traffic import EVENT_GRID
+    from opweave_planner.search.evaluate import range_sum
+    from opweave_planner.workload.kv import kv_events
+
+    out: list[KvEventsOut | None] = []
+    steps_per_hour = 3.6e9 / ev.t_mean
+    for o in range(prob.k):
+        c = int(sel.cfg[o])
+        n = sel.mu * int(prob.mb_grid[int(sel.mb[o])])
+        per_token = sum(range_sum(prob.kvpref[c], prob.stage_start[j], prob.stage_end[j])
+                        for j in range(prob.stage_owner.size) if prob.stage_owner[j] == o)
+        reserve = float(prob.traffic.units[n])
+        events = kv_events(ctx.workload, n, EVENT_GRID)
+        if per_token > 0:
+            usable = reserve + (float(ev.memory_usable[o]) - float(ev.memory_need[o])) / per_token
+        else:  # no context-dependent KV here: nothing grows, nothing overflows
+            reserve = usable = float("inf")
+        at = [(events.per_request(x), events.per_step(x), events.share_above(x)) for x in (reserve, usable)]
+        out.append(KvEventsOut(
+            per_request_at_reserve=rounded(at[0][0]), per_request_at_usable=rounded(at[1][0]),
+            per_replica_hour_at_reserve=rounded(at[0][1] * steps_per_hour),
+            per_replica_hour_at_usable=rounded(at[1][1] * steps_per_hour),
+            share_above_reserve=rounded(at[0][2]), share_above_usable=rounded(at[1][2])))
+    return out
+
+
+def _owners(ctx, splan, sel, ev, events=None) -> list[OwnerOut]:
     out = []
     for o in range(len(sel.cfg)):
         cfg = ctx.tables.configs[int(sel.cfg[o])]
@@ -116,6 +151,7 @@ def _owners(ctx, splan, sel, ev) -> list[OwnerOut]:
             stage_positions=[j for j in range(splan.n_stages) if splan.owner[j] == o],
             usd_per_hour_per_replica=rounded(cfg.gpu.price_per_hour * tp),
             busy_fraction=rounded(float(ev.busy[o]), 6), memory_bytes_per_gpu=rounded(float(ev.memory_need[o])),
+            kv_events=None if events is None else events[o],
         ))
     return out
 
@@ -169,7 +205,7 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     if scored_t_rtt_us is not None and abs(ev.t_rtt - scored_t_rtt_us) > 1e-9 * abs(scored_t_rtt_us):
         raise AssertionError(f"plan TPOT {ev.t_rtt} us differs from the searched {scored_t_rtt_us} us")
     s, k, mu = splan.n_stages, prob.k, sel.mu
-    owners = _owners(ctx, splan, sel, ev)
+    owners = _owners(ctx, splan, sel, ev, None if dist is None else kv_event_records(ctx, prob, sel, ev))
     gpus_total = sum(o.replicas * o.tensor_parallel for o in owners)
     usd_per_mtok = ev.cost / 3.6e9 * 1e6
     cut_ops = ([seq.ops[splan.ops[0][0]].name] if s == 1
@@ -178,10 +214,11 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     # a plan always records the price of every GPU it uses, so it reads back
     prov = provenance(ctx.hw, seq, [*search.space.gpus, *(o.gpu for o in owners)], req.profiles, req.backend)
     order = [[f"{kind} {int(j)} {int(kk)}" for kind, j, kk in lst] for lst in action_order(prob.stage_owner, mu, k)]
+    workload = workload_of(req, ctx.context_tokens, dist)
     return Plan(
-        schema_version=schema_version_for(search.space, alternatives=source is not None, distribution=dist),
-        model=seq.model.name, model_source=source,
-        workload=Workload(context_tokens=ctx.context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist),
+        schema_version=schema_version_for(search.space, alternatives=source is not None, workload=workload),
+        model=seq.model.name, model_source=None if source is None else recorded_path(source),
+        workload=workload,
         policy=str(req.policy.value), usd_per_million_tokens=rounded(usd_per_mtok), tpot_ms=rounded(ev.t_rtt / 1e3),
         tpot=None if dist is None else tpot_stats(ev, req.percentile),
         microbatches=mu, global_batch=sel.batch, gpus_total=gpus_total, num_stages=s,
@@ -195,13 +232,39 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     ), ev
 
 
+def workload_of(req, context_tokens: int, dist: Distribution | None) -> Workload:
+    """The request a plan serves; with --prompt-len / --output-len, the window they make (1.7 keys,
+    absent otherwise so earlier plans keep their bytes)."""
+    window = {}
+    if req.lengths is not None:
+        p, o = req.lengths
+        window = {"prompt_tokens": p, "output_tokens": o, "max_model_len": p + o}
+    return Workload(context_tokens=context_tokens, tpot_slo_ms=req.slo_ms, distribution=dist, **window)
+
+
+def recorded_path(value: str) -> str:
+    """An input file (a workload trace, a model's config.json) as a plan records it: relative to
+    the working directory when the file lies under it (POSIX separators), so plans made in two
+    checkouts are the same bytes; absolute otherwise. Its sha256, recorded too, is its identity."""
+    if not os.path.isabs(value):  # an inline law, or a name the reader refuses anyway
+        return value
+    try:
+        cwd = os.path.realpath(os.getcwd())
+        rel = os.path.relpath(value, cwd)
+    except (OSError, ValueError):  # no working directory, or another drive
+        return value
+    parts = Path(rel).parts
+    return value if not parts or parts[0] == os.pardir else Path(rel).as_posix()
+
+
 def workload_record(req, compiled) -> Distribution | None:
     """What the plan records about its workload (None: a fixed context)."""
     if not req.stochastic:
         return None
     d = compiled.workload.describe()
     d.pop("path", None)
-    return Distribution(workload=req.workload, slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
+    return Distribution(workload=recorded_path(req.workload), slo_percentile=req.percentile, kv_quantile=req.kv_quantile,
+                        preemptions_per_request=req.preemptions_per_request,
                         scenarios=req.scenarios, seed=req.seed, context_knots=compiled.context_knots,
                         **{k: (rounded(v) if isinstance(v, float) else v) for k, v in d.items()})
 

@@ -13,10 +13,12 @@ from pydantic import BaseModel
 
 from opweave_planner.atomic import write_atomic
 from opweave_planner.plan.request import SPACE, SPACE_ROWS
-from opweave_planner.plan.schema import SCHEMA_MAJOR, Distribution, SpaceOut
+from opweave_planner.plan.schema import SCHEMA_MAJOR, Distribution, SpaceOut, Workload
 
 __all__ = ["dumps", "rounded", "plan_bytes", "write_atomic", "schema_version_for", "distribution_minor",
            "infeasible_version", "plan_version"]
+
+EVENTS_MINOR = 8  # workload.distribution.preemptions_per_request and owners[].kv_events
 
 # search.space keys added after 1.0, with the MINOR that introduced them (from the table)
 _MINOR_KEYS = tuple((r.at.removeprefix(SPACE), r.since) for r in SPACE_ROWS if r.since)
@@ -42,20 +44,31 @@ def plan_bytes(plan: BaseModel) -> bytes:
 
 
 def distribution_minor(distribution: Distribution) -> int:
-    """The lowest 1.x that can carry this workload record (1.4: the value "truncate")."""
+    """The lowest 1.x that can carry this workload record (1.4: the value "truncate"; 1.8: a
+    preemptions_per_request target, with the owners' kv_events)."""
+    if distribution.preemptions_per_request is not None:
+        return EVENTS_MINOR
     return 4 if distribution.overflow == "truncate" else 3
 
 
+WINDOW_MINOR = 7  # workload.prompt_tokens / output_tokens / max_model_len
+
+
 def schema_version_for(space: SpaceOut, alternatives: bool = False,
-                       distribution: Distribution | None = None) -> str:
+                       distribution: Distribution | None = None, workload: Workload | None = None) -> str:
     """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction; 1.2:
     alternatives, model_source and the deployment constraints; 1.3: a workload distribution;
-    1.4: its ``overflow`` "truncate"; 1.5: per-GPU memory reserves; `alternatives` says a 1.2
-    key outside the searched space is present; `distribution` is the plan's workload
-    distribution record, or None)."""
+    1.4: its ``overflow`` "truncate"; 1.5: per-GPU memory reserves; 1.7: a fixed context's prompt,
+    output and window; `alternatives` says a 1.2 key outside the searched space is present;
+    `distribution` is the plan's workload distribution record, or None; `workload` the plan's
+    workload, whose distribution it implies)."""
     minor = 2 if alternatives else 1
+    if workload is not None:
+        distribution = workload.distribution
+        if workload.max_model_len is not None:
+            minor = WINDOW_MINOR
     if distribution is not None:
-        minor = distribution_minor(distribution)
+        minor = max(minor, distribution_minor(distribution))
     for key, since in _MINOR_KEYS:
         if getattr(space, key) is not None:
             minor = max(minor, since)
@@ -65,9 +78,10 @@ def schema_version_for(space: SpaceOut, alternatives: bool = False,
 INFEASIBLE_MINOR = 6  # an infeasibility record's binding and lowest_tpot_ms keys
 
 
-def infeasible_version(space: SpaceOut, distribution: Distribution | None = None) -> str:
+def infeasible_version(space: SpaceOut, distribution: Distribution | None = None,
+                       workload: Workload | None = None) -> str:
     """The version an infeasibility record is stamped with: it carries the 1.6 keys."""
-    minor = int(schema_version_for(space, distribution=distribution).split(".")[1])
+    minor = int(schema_version_for(space, distribution=distribution, workload=workload).split(".")[1])
     return f"{SCHEMA_MAJOR}.{max(minor, INFEASIBLE_MINOR)}"
 
 
@@ -78,8 +92,7 @@ def plan_version(plan) -> str:
     """The lowest 1.x covering every key a Plan carries (the searched space, its workload record,
     the 1.2 keys model_source / deployment / alternatives, the 1.9 binding)."""
     extra = any(getattr(plan, k) is not None for k in ("model_source", "deployment", "alternatives"))
-    minor = int(schema_version_for(plan.search.space, alternatives=extra,
-                                   distribution=plan.workload.distribution).split(".")[1])
+    minor = int(schema_version_for(plan.search.space, alternatives=extra, workload=plan.workload).split(".")[1])
     if plan.binding is not None:
         minor = max(minor, BINDING_MINOR)
     return f"{SCHEMA_MAJOR}.{minor}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import types
 from typing import Annotated, Literal, get_args
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, create_model
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, create_model, model_validator
 
 from opweave_planner.frozen import Frozen
 from opweave_planner.inputs.request import PlanRequest
@@ -21,7 +21,7 @@ from opweave_planner.plan.request import SPACE, SPACE_ROWS, Recorded
 
 __all__ = [
     "SCHEMA_MAJOR", "SCHEMA_VERSION", "NAME_PATTERN", "Name", "PolicyName", "Plan", "Infeasible",
-    "Alternative", "Workload", "Distribution", "TpotStats", "OwnerOut", "StageOut", "TemplateOut", "Metrics",
+    "Alternative", "Workload", "Distribution", "TpotStats", "KvEventsOut", "OwnerOut", "StageOut", "TemplateOut", "Metrics",
     "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment", "BindingOut",
 ]
 
@@ -57,7 +57,9 @@ class Distribution(_Frozen):
     """The request-length workload a plan was made for (schema 1.3): where it came from, how it
     was shaped, its stationary decode context, and the settings of the percentile objective."""
 
-    workload: str = _f("The --workload value: a trace or law file (absolute path) or an inline law")
+    workload: str = _f("The --workload value: a trace or law file (relative to the working directory the "
+                       "plan was made in when the file lies under it, else absolute; sha256 is its "
+                       "identity) or an inline law")
     source: Literal["trace", "law"] = _f("A request trace, or a parametric law")
     format: str | None = _f("Trace format recognised from its header: its name in docs/workloads.md's table "
                             "of trace formats (azure, mooncake, ...)", default=None)
@@ -87,6 +89,9 @@ class Distribution(_Frozen):
     context_quantiles: dict[str, Count] = _f("Quantiles of the stationary decode context, tokens")
     slo_percentile: float = _f("Percentile of step TPOT held to the SLO", gt=0, lt=100)
     kv_quantile: float = _f("Quantile of a replica's summed KV/state its memory is sized for", gt=0, lt=1)
+    preemptions_per_request: float | None = _f(
+        "Target of forced preemptions per served request the KV reserve holds (the reserve is the larger of "
+        "that capacity and the kv_quantile's); absent before schema 1.8", default=None, gt=0, lt=1)
     scenarios: StrictInt = _f("Sampled snapshots of the resident contexts the TPOT figures come from", ge=1)
     seed: Count = _f("Seed of those snapshots")
     context_knots: StrictInt = _f("Contexts at which stage latencies were looked up (linear between them)",
@@ -102,6 +107,35 @@ class Workload(_Frozen):
     tpot_slo_ms: float = _f("Time-per-output-token SLO, milliseconds", gt=0)
     distribution: Distribution | None = _f("The request-length workload (absent: every request at "
                                            "context_tokens); added in schema 1.3", default=None)
+    prompt_tokens: StrictInt | None = _f("Prompt tokens of a fixed-context request (--prompt-len); added in "
+                                         "schema 1.7", default=None, ge=1)
+    output_tokens: StrictInt | None = _f("Output tokens of a fixed-context request (--output-len); added in "
+                                         "schema 1.7", default=None, ge=1)
+    max_model_len: StrictInt | None = _f(
+        "Window the runtime admits, prompt + output tokens, apart from the context planned for (what exports "
+        "write as --max-model-len); absent: a workload's distribution.max_model_len, else context_tokens; "
+        "added in schema 1.7", default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _window_is_prompt_plus_output(self) -> Workload:
+        lengths = (self.prompt_tokens, self.output_tokens, self.max_model_len)
+        if any(v is not None for v in lengths):
+            if None in lengths or self.distribution is not None:
+                raise ValueError("workload: prompt_tokens, output_tokens and max_model_len come together, "
+                                 "with a fixed context only")
+            if self.max_model_len != self.prompt_tokens + self.output_tokens:
+                raise ValueError(f"workload.max_model_len {self.max_model_len} is not prompt_tokens + "
+                                 f"output_tokens ({self.prompt_tokens} + {self.output_tokens})")
+        return self
+
+    @property
+    def window(self) -> int:
+        """The longest request (prompt + output) a runtime serving this plan must admit."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        if self.distribution is not None and self.distribution.max_model_len is not None:
+            return self.distribution.max_model_len
+        return self.context_tokens
 
 
 class TpotStats(_Frozen):
@@ -115,6 +149,20 @@ class TpotStats(_Frozen):
     max_ms: float = _f("Slowest sampled step", gt=0)
     at_mean_context_ms: float = _f("Round trip with every request at θ (what the stage figures show)", gt=0)
     samples: StrictInt = _f("Periods sampled: scenarios, times replicas for a one-owner plan", ge=1)
+
+
+class KvEventsOut(_Frozen):
+    """A workload owner's KV overflow (schema 1.8): episodes are up-crossings of a capacity by one
+    replica's summed KV, each a forced preemption once it is the usable memory."""
+
+    per_request_at_reserve: float = _f("Up-crossings of the reserved memory per served request", ge=0)
+    per_request_at_usable: float = _f("Up-crossings of the usable memory (what the runtime gets for KV) per "
+                                      "served request: forced preemptions", ge=0)
+    per_replica_hour_at_reserve: float = _f("Up-crossings of the reserved memory per replica-hour "
+                                            "(at the mean step TPOT)", ge=0)
+    per_replica_hour_at_usable: float = _f("Forced preemptions per replica-hour (at the mean step TPOT)", ge=0)
+    share_above_reserve: float = _f("Share of a replica's steps above the reserved memory", ge=0, le=1)
+    share_above_usable: float = _f("Share of a replica's steps above the usable memory", ge=0, le=1)
 
 
 class OwnerOut(_Frozen):
@@ -133,6 +181,7 @@ class OwnerOut(_Frozen):
     busy_fraction: float = _f("Fraction of the round trip the group computes (0..1)", ge=0, le=1)
     memory_bytes_per_gpu: float = _f("Bytes per GPU: weight shard + KV/state of resident_batch requests "
                                      "+ activation workspace", ge=0)
+    kv_events: KvEventsOut | None = _f("KV overflow episodes of a workload plan (schema 1.8)", default=None)
 
 
 class StageOut(_Frozen):
@@ -301,9 +350,10 @@ class Plan(_Frozen):
 
     schema_version: str = _f("MAJOR.MINOR of this file format", pattern=_VERSION_PATTERN)
     model: Name = _f("Model name (no control characters)")
-    model_source: Name | None = _f("Absolute path of the config.json the plan was made from, when it was "
-                                  "not a bundled model or Hugging Face id (what simulate and regen "
-                                  "reload); added in schema 1.2", default=None)
+    model_source: Name | None = _f("Path of the config.json the plan was made from (relative to the working "
+                                  "directory when under it, else absolute), when it was not a bundled "
+                                  "model or Hugging Face id (what simulate and regen reload); added in "
+                                  "schema 1.2", default=None)
     workload: Workload
     policy: PolicyName = _f("Plan family searched: opweave, colocated, afd or cad")
     usd_per_million_tokens: float = _f("Cost, USD per million output tokens", ge=0)

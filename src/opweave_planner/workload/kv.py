@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
 
@@ -16,7 +17,8 @@ from opweave_planner.errors import UserError
 from opweave_planner.workload.law import ContextLaw, slot_stream
 from opweave_planner.workload.spec import parse_quantile
 
-__all__ = ["KV_GRID", "kv_bytes", "kv_moments", "kv_quantile", "kv_sum_bounds", "kv_sum_quantile"]
+__all__ = ["KV_GRID", "KvEvents", "kv_bytes", "kv_events", "kv_moments", "kv_quantile", "kv_sum_bounds",
+           "kv_sum_quantile"]
 
 
 def kv_bytes(
@@ -169,3 +171,150 @@ def kv_sum_quantile(
             f"kv quantile method: {method!r}; expected exact, cornish-fisher, normal or mc"
         )
     return float(min(hi, max(lo, n * m + z * math.sqrt(n * var))))
+
+
+#: fewest bins of one request's context law: a sum of n such is far wider than a bin
+EVENT_MIN_BINS = 256
+#: binomial mass of finishing counts left out of the event sum (far below any target)
+EVENT_TAIL = 1e-15
+
+
+@dataclass(frozen=True, eq=False)
+class KvEvents:
+    """Up-crossing and exceedance of every capacity for ``n`` resident requests, in context
+    tokens (:func:`kv_events`): capacity ``base + k * step`` has ``nu_up[k]``, the chance per
+    step that the summed context crosses it, and ``above[k]``, the share of steps above it."""
+
+    n: int
+    base: float
+    step: float
+    mean_output: float
+    nu_up: np.ndarray = field(repr=False)
+    above: np.ndarray = field(repr=False)
+
+    def _index(self, capacity: float) -> int:
+        if not math.isfinite(capacity):  # no context-dependent KV: never crossed
+            return self.nu_up.size - 1 if capacity > 0 else -1
+        k = math.floor((capacity - self.base) / self.step + 1e-9)
+        return min(max(k, -1), self.nu_up.size - 1)
+
+    def per_request(self, capacity: float) -> float:
+        """Up-crossings of ``capacity`` per served request: ``E[D] / n * nu_up`` (a replica
+        serves ``n / E[D]`` requests per step)."""
+        k = self._index(capacity)
+        if k < 0:
+            return float(self.mean_output / self.n)
+        if k >= self.nu_up.size - 1:
+            return 0.0
+        return float(self.mean_output / self.n * self.nu_up[k])
+
+    def per_step(self, capacity: float) -> float:
+        """Up-crossings of ``capacity`` per replica-step."""
+        return self.per_request(capacity) * self.n / self.mean_output
+
+    def share_above(self, capacity: float) -> float:
+        """Share of steps whose summed context exceeds ``capacity``."""
+        k = self._index(capacity)
+        return 1.0 if k < 0 else float(self.above[k])
+
+    def reserve(self, target: float) -> float:
+        """The smallest capacity at and above which every capacity's preemptions per request are
+        at most ``target`` (the event law need not be monotone below its tail)."""
+        eps = self.mean_output / self.n * self.nu_up
+        bad = np.flatnonzero(eps > target)
+        k = 0 if bad.size == 0 else int(bad[-1]) + 1
+        return self.base + k * self.step
+
+
+def kv_events(workload: ContextLaw, n_requests: int, grid: int = KV_GRID) -> KvEvents:
+    """The law of a replica's preemption episodes at every capacity, in context tokens.
+
+    In stationarity each of the ``n`` slots is at its last step with chance ``1/E[D]``,
+    independently, so ``m ~ Binomial(n, 1/E[D])`` finish in a step; a finishing slot holds the
+    arrival law of ``P + D - 1`` and its replacement that of ``P``; the ``n - m`` others hold the
+    stationary law conditioned on not being last and grow by one token. With ``W`` the
+    continuing sum, ``F`` the finishing and ``A`` the arriving one (independent given ``m``),
+
+        nu_up(C) = P(S_t <= C < S_t+1) = sum_m b_m sum_w P(W = w) P(F <= C - w) P(A > C - w - (n - m)),
+
+    one convolution per ``m``, summed in the frequency domain: one inverse FFT for every ``C``.
+    Contexts are binned to the nearest of ``G = clamp(grid / n, 256, 65536)`` bins; the
+    ``n - m`` growth is a fractional shift (linear in the bin). Cached per (workload, n, grid).
+    """
+    if n_requests < 1:
+        raise UserError(f"preemption episodes: n_requests must be >= 1, got {n_requests}")
+    return _kv_events(workload, int(n_requests), int(grid))
+
+
+@lru_cache(maxsize=256)
+def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
+    from scipy.fft import irfft, next_fast_len, rfft
+    from scipy.special import gammaln
+
+    from opweave_planner.workload.shaping import request_ends
+
+    arrive, last = request_ends(workload)
+    e_d = float(workload.mean_output)
+    lo_c, hi_c = workload.min_context, workload.max_context
+    stat = workload.pmf
+    lo = min(lo_c, int(np.flatnonzero(arrive > 0)[0]), int(np.flatnonzero(last > 0)[0]))
+    hi = max(hi_c, arrive.size - 1, last.size - 1)
+    p_fin = min(1.0, 1.0 / e_d) if e_d > 0 else 1.0
+    grid = int(min(65536, max(EVENT_MIN_BINS, total_grid // n)))
+    step = max(1.0, (hi - lo) / (grid - 1))
+    grid = math.floor((hi - lo) / step + 0.5) + 1
+
+    def binned(w: np.ndarray) -> np.ndarray:
+        c = np.arange(w.size)
+        k = np.clip(np.floor((c - lo) / step + 0.5), 0, grid - 1).astype(np.int64)
+        return np.bincount(k[w > 0], weights=w[w > 0], minlength=grid)
+
+    a1, f1 = binned(arrive), binned(last)
+    s1 = binned(stat)
+    cont = stat.copy()
+    cont[: last.size] -= p_fin * last[: cont.size]
+    cont = np.clip(cont, 0.0, None) if p_fin < 1.0 else cont
+    w1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
+    shift_tok = 1.0 / step  # one token of growth, in bins
+    size = n * (grid - 1) + math.ceil(n * shift_tok) + 3
+    nfft = next_fast_len(size, real=True)
+    ms = np.arange(n + 1)
+    if p_fin >= 1.0:  # every slot finishes every step (one-token outputs)
+        bm = (ms == n).astype(np.float64)
+    else:  # Binomial(n, p_fin), in logs (scipy.stats costs a second to import)
+        bm = np.exp(gammaln(n + 1.0) - gammaln(ms + 1.0) - gammaln(n - ms + 1.0)
+                    + ms * math.log(p_fin) + (n - ms) * math.log1p(-p_fin))
+    keep = np.flatnonzero(bm > EVENT_TAIL * bm.max())
+    m_lo, m_hi = int(keep[0]), int(keep[-1])
+    # sum_m b_m W^(n-m) h_m = W^(n-m_hi) * [sum_m b_m W^(m_hi-m) h_m]: the bracket is short (at
+    # most m_hi + 1 slots wide), so it takes small FFTs, and the long one is done once
+    small = next_fast_len(m_hi * (grid - 1) + math.ceil(n * shift_tok) + 3, real=True)
+    w_small = rfft(w1, small)
+    acc = np.zeros(small // 2 + 1, dtype=np.complex128)
+    power = np.ones_like(acc)
+    for m in range(m_hi, m_lo - 1, -1):
+        s = (n - m) * shift_tok
+        span = m * (grid - 1) + math.ceil(s) + 2
+        x = np.arange(span, dtype=np.float64)
+        if m == 0:
+            g_f = np.ones(span)
+            surv_a = np.clip(s - x, 0.0, 1.0)  # A = 0: P(0 > x - s), linear within a bin
+        else:
+            lm = next_fast_len(m * (grid - 1) + 1, real=True)
+            sf = np.clip(irfft(rfft(f1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
+            sa = np.clip(irfft(rfft(a1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
+            g_f = np.minimum(np.cumsum(sf) / sf.sum(), 1.0)
+            g_f = np.concatenate([g_f, np.ones(span - g_f.size)])
+            tail = np.clip(1.0 - np.cumsum(sa) / sa.sum(), 0.0, 1.0)  # P(A > k)
+            surv_a = np.interp(x - s, np.arange(-1, tail.size), np.concatenate([[1.0], tail]),
+                               left=1.0, right=0.0)
+        acc += bm[m] * power * rfft(g_f * surv_a, small)
+        power = power * w_small
+    inner = irfft(acc, small)
+    acc = rfft(w1, nfft) ** (n - m_hi) * rfft(inner, nfft)
+    nu = np.clip(irfft(acc, nfft)[:size], 0.0, None)
+    total = np.clip(irfft(rfft(s1, nfft) ** n, nfft)[:size], 0.0, None)
+    above = np.clip(1.0 - np.cumsum(total) / total.sum(), 0.0, 1.0)
+    nu.setflags(write=False)
+    above.setflags(write=False)
+    return KvEvents(n=n, base=n * lo, step=step, mean_output=e_d, nu_up=nu, above=above)

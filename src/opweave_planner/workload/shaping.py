@@ -248,3 +248,50 @@ def materialize(spec: FixedContextSpec | TraceSpec | LawSpec) -> ContextLaw:
     if isinstance(spec, TraceSpec):
         return _trace(spec)
     return _materialize_law(spec)
+
+
+def _norm(w: np.ndarray) -> np.ndarray:
+    w = np.clip(np.asarray(w, dtype=np.float64), 0.0, None)
+    return w / w.sum()
+
+
+@lru_cache(maxsize=8)
+def request_ends(wl: ContextLaw) -> tuple[np.ndarray, np.ndarray]:
+    """(arrive, last): the laws over contexts, per kept request (the arrival law, not the
+    stationary one), of a request's first decode context ``P`` and its last ``P + D - 1``.
+    A slot at its last step holds a request drawn from the arrival law (stationary weight
+    ``D`` times the chance ``1/D`` of being at the last step), and its replacement starts
+    at ``P``: the two ends of every turnover (docs/workloads.md, "Preemption episodes")."""
+    if isinstance(wl.spec, FixedContextSpec):
+        raise UserError("preemption episodes: a fixed --ctx has no request turnover")
+    if wl.prompt is not None:
+        size = wl.max_context + 1
+        arrive = np.bincount(wl.prompt, minlength=size)[:size]
+        last = np.bincount(wl.prompt + wl.output - 1, minlength=size)[:size]
+        return _norm(arrive), _norm(last)
+    spec = wl.spec
+    L, ov = spec.max_model_len, spec.overflow
+    law = spec.prompt if spec.scale_ctx is None else scaled_law(spec.prompt, wl.scale)
+    wp = law.pmf(0, L)
+    wd = spec.output.pmf(1, None if L is None else L + 1)
+    from scipy.signal import fftconvolve
+
+    ends = np.clip(fftconvolve(wp, wd), 0.0, None)  # index P + D (independent P, D)
+    if L is None:
+        arrive, end = wp, ends
+    elif ov == "drop":
+        fits = np.cumsum(wd)  # P(D <= k)
+        room = L - np.arange(wp.size)
+        arrive = wp * np.where(room >= 0, fits[np.clip(room, 0, fits.size - 1)], 0.0)
+        end = ends[: L + 1]
+    else:  # clip: kept P < L, the output cut at L - P, so P + D is min(P + D, L)
+        arrive = wp[:L]
+        end = np.zeros(L + 1)
+        end[: min(L, ends.size)] = ends[:L]
+        end[L] = max(0.0, float(wp[:L].sum()) - float(end[:L].sum()))
+    size = wl.max_context + 1
+    a = np.zeros(size)
+    a[: min(size, arrive.size)] = arrive[:size]
+    e = np.zeros(size)
+    e[: min(size, end.size - 1)] = end[1 : size + 1]
+    return _norm(a), _norm(e)

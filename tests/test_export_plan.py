@@ -1,0 +1,319 @@
+"""Exports say what the plan says: every copy, the plan's memory budget, the window it admits,
+the resident batch, flags of the chosen release's own parser, and a benchmark of its traffic.
+
+Plans are made in-process on small grids (cached per session); the flag tables are the checked-in
+`export/flag_tables.json` that `benchmarks/gen_flag_tables.py` generates from the runtimes' wheels.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from opweave_planner import api
+from opweave_planner.errors import InfeasibleError, UserError
+from opweave_planner.export import TARGETS, build, resolve_version
+from opweave_planner.export.bench import SAMPLE
+from opweave_planner.plan import plan_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _check_exports():
+    """benchmarks/check_exports.py as a module (its offline part is what this file checks)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_exports", ROOT / "benchmarks" / "check_exports.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+CHECK = _check_exports()
+commands, _table = CHECK.commands, CHECK.table_of
+GOLDEN = ROOT / "tests" / "golden"
+TABLES = json.loads((ROOT / "src" / "opweave_planner" / "export" / "flag_tables.json").read_text())
+TRACE = ROOT / "examples" / "traces" / "mooncake-conversation-sample.jsonl"
+COLOCATED = ("vllm", "sglang", "dynamo", "llm-d")
+_PLANS: dict[str, bytes] = {}
+
+
+def _plan(name: str) -> bytes:
+    """Small plans of each kind the exporters meet (made once per session)."""
+    if name not in _PLANS:
+        kw = {"gpus": "h100", "policy": "colocated", "batches": (8, 16, 32)}
+        if name == "sized":  # a deployment of several copies, ISL/OSL given
+            req = api.make_request("llama-3.1-8b", "60ms", "8k", prompt_len="7680", output_len="1024",
+                                   target_tokens_per_s=20000, **kw)
+        elif name == "memory":  # searched under a lower budget and a headroom
+            req = api.make_request("llama-3.1-8b", "60ms", "8k", gpu_memory_utilization=0.8,
+                                   memory_headroom="5%", **kw)
+        elif name == "workload":  # the Mooncake sample, shaped, sized for a rate
+            req = api.make_request("llama-3.1-8b", "60ms", workload=str(TRACE), scale_ctx="8k",
+                                   max_model_len="32k", scenarios=16, target_tokens_per_s=5000, **kw)
+        else:
+            raise KeyError(name)
+        _PLANS[name] = plan_bytes(api.plan(req).plan)
+    return _PLANS[name]
+
+
+def _file(tmp_path: Path, name: str) -> str:
+    p = tmp_path / f"{name}.json"
+    p.write_bytes(_plan(name))
+    return str(p)
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def _exports():
+    for target in COLOCATED:
+        for version in TARGETS[target].versions:
+            for plan in ("sized", "memory", "workload"):
+                yield target, version, plan
+
+
+@pytest.mark.parametrize("target,version,plan", list(_exports()))
+def test_export_realises_the_plan(target, version, plan, tmp_path):
+    """Per export: replicas x TP = the plan's GPUs (every copy), memory budget = the plan's,
+    --max-model-len = the admitted window, --max-num-seqs = the resident batch; every flag is
+    one of the chosen release's parser."""
+    from opweave_planner.contract import read_plan
+    from opweave_planner.inputs.hardware import load_hardware
+    from opweave_planner.latency.memory import nccl_bytes, usable_bytes
+
+    path = _file(tmp_path, plan)
+    doc = read_plan(path)
+    _ctx, files = build(path, target, runtime_version=version)
+    own = doc.owners[0]
+    gpus = doc.gpus_total if doc.deployment is None else doc.deployment.gpus_total
+    man = json.loads(files["export.json"])
+    assert man["deployment"]["gpus_total"] == gpus
+    assert man["deployment"]["copies"] == (1 if doc.deployment is None else doc.deployment.copies)
+    if doc.deployment is not None:
+        assert man["deployment"]["nodes_total"] == doc.deployment.nodes_total
+    servers = [a for a in commands(files) if a[1] == "serve" or "launch_server" in a[2]]
+    if target in ("vllm", "sglang"):
+        groups = [a for a in servers if "--data-parallel-size" not in a]  # serve-data-parallel.sh: instead
+        assert len(groups) * own.tensor_parallel == gpus
+    else:
+        import yaml
+
+        y = yaml.safe_load(files[next(n for n in files if n.endswith(".yaml"))])
+        reps = (y["spec"]["services"]["VllmDecodeWorker"]["replicas"] if target == "dynamo"
+                else y["decode"]["replicas"])
+        assert reps * own.tensor_parallel == gpus
+    space = doc.search.space
+    gpu = load_hardware().resolve(own.gpu, "gpu")
+    usable = usable_bytes(gpu, own.tensor_parallel, utilization=space.gpu_memory_utilization,
+                          reserve_gb=space.reserve_gb(own.gpu)) * (1 - (space.memory_headroom or 0))
+    assert own.memory_bytes_per_gpu <= usable
+    for argv in servers:
+        if target == "sglang":
+            frac, width = float(_flag(argv, "--mem-fraction-static")), "--context-length"
+            assert math.isclose(frac * gpu.memory_bytes, usable, rel_tol=0, abs_tol=1e-4 * gpu.memory_bytes)
+            assert _flag(argv, "--max-running-requests") == str(own.resident_batch)
+        else:
+            frac, width = float(_flag(argv, "--gpu-memory-utilization")), "--max-model-len"
+            budget = frac * gpu.memory_bytes - space.reserve_gb(own.gpu) * 2**30 - nccl_bytes(gpu, own.tensor_parallel)
+            assert math.isclose(budget, usable, rel_tol=0, abs_tol=1e-4 * gpu.memory_bytes)
+            if not space.memory_headroom:
+                assert frac == space.gpu_memory_utilization
+            assert _flag(argv, "--max-num-seqs") == str(own.resident_batch)
+        assert int(_flag(argv, width)) == doc.workload.window
+    for argv in commands(files):
+        runtime, release, command = _table(target, version, argv)
+        known = set(TABLES[runtime][release][command])
+        used = {a for a in argv if a.startswith("--")}
+        assert used <= known, (runtime, release, command, used - known)
+
+
+def test_the_window_is_prompt_plus_output_and_the_workload_window_is_its_limit(tmp_path):
+    from opweave_planner.contract import read_plan
+
+    sized = read_plan(_file(tmp_path, "sized"))
+    assert (sized.workload.context_tokens, sized.workload.window) == (8192, 8704)
+    assert sized.schema_version == "1.7"
+    work = read_plan(_file(tmp_path, "workload"))
+    assert work.workload.window == work.workload.distribution.max_model_len == 32768
+    assert work.workload.max_model_len is None  # no new key: its window was recorded since 1.3
+    with pytest.raises(UserError, match="--prompt-len: only applies with --ctx"):
+        api.make_request("llama-3.1-8b", "60ms", workload=str(TRACE), prompt_len="1k")
+    with pytest.raises(UserError, match="--output-len: 8192 tokens leaves no room"):
+        api.make_request("llama-3.1-8b", "60ms", "8k", output_len="8k")
+    req = api.make_request("llama-3.1-8b", "60ms", "8k", output_len="512")
+    assert req.lengths == (7680, 512)
+
+
+def test_diff_names_the_window_apart_from_the_planned_context(tmp_path):
+    from opweave_planner.contract import diff_plans, read_plan
+
+    old = read_plan(GOLDEN / "llama-3.1-8b_colocated_h100.json")
+    new = read_plan(GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024_v1.7.json")
+    words = diff_plans(old, new)["changes"][0]["summary"]
+    assert "window 8192 -> 8704" in words and "ctx" not in words
+    assert "prompt-len none -> 7680" in words
+
+
+def test_a_plan_without_sizing_exports_one_copy_and_says_so(tmp_path):
+    from opweave_planner.export import export_plan
+
+    done = export_plan(str(GOLDEN / "llama-3.1-8b_colocated_h100.json"), "vllm", str(tmp_path / "o"))
+    assert "records no deployment sizing" in done.notes[0]
+    man = json.loads((tmp_path / "o" / "export.json").read_text())
+    assert man["deployment"]["sized"] is False and man["deployment"]["copies"] == 1
+    assert "(it records no sizing)" in (tmp_path / "o" / "serve-replica-0.sh").read_text()
+
+
+def test_a_sized_plan_exports_every_copy_behind_one_router(tmp_path):
+    from opweave_planner.contract import read_plan
+
+    path = _file(tmp_path, "sized")
+    dep = read_plan(path).deployment
+    assert dep.copies > 1
+    _ctx, files = build(path, "vllm")
+    serve = sorted(n for n in files if n.startswith("serve-replica-"))
+    assert len(serve) == dep.owners[0].replicas
+    router = commands({"router.sh": files["router.sh"]})[0]
+    assert len(router) - router.index("--worker-urls") - 1 == len(serve)
+    devices = {(json.loads(files["export.json"])["placement"][i]["node"],
+                tuple(json.loads(files["export.json"])["placement"][i]["devices"])) for i in range(len(serve))}
+    assert len(devices) == len(serve)  # no two groups share a GPU
+
+
+def test_benchmark_replays_the_shaped_workload_deterministically(tmp_path):
+    from opweave_planner.contract import read_plan
+
+    path = _file(tmp_path, "workload")
+    plan = read_plan(path)
+    _ctx, files = build(path, "vllm")
+    again = build(path, "vllm")[1]
+    assert files[SAMPLE] == again[SAMPLE]
+    rows = [json.loads(line) for line in files[SAMPLE].splitlines()]
+    conc = plan.deployment.copies * plan.global_batch
+    assert len(rows) == min(4096, 4 * conc)
+    assert max(r["input_length"] + r["output_length"] for r in rows) <= plan.workload.window
+    assert len({r["input_length"] for r in rows}) > 10  # drawn, not one fixed length
+    mean = sum(r["input_length"] for r in rows) / len(rows)
+    assert abs(mean / plan.workload.distribution.mean_prompt - 1) < 0.25
+    times = [r["timestamp"] for r in rows]
+    assert times == sorted(times) and times[-1] > 0  # Poisson arrivals at the target rate
+    rate = (len(times) - 1) / times[-1]
+    want = plan.deployment.target_tokens_per_s / (sum(r["output_length"] for r in rows) / len(rows))
+    assert abs(rate / want - 1) < 0.2
+    argv = commands({"benchmark.sh": files["benchmark.sh"]})[0]
+    assert _flag(argv, "--dataset-name") == "timed_trace"
+    script = files["benchmark.sh"].decode()
+    assert f'CONCURRENCY="${{CONCURRENCY:-{conc}}}"' in script
+    assert "sharegpt" not in script.lower() and "http" not in script.replace("http://${HOST}", "")
+
+
+def test_sglang_benchmark_uses_the_releases_client_and_downloads_nothing(tmp_path):
+    path = str(GOLDEN / "llama-3.1-8b_colocated_h100.json")
+    for version, module, key in (("0.5.4", "sglang.bench_serving", "p99_tpot_ms"),
+                                 ("0.5.23", "sglang.benchmark.serving", "p95_tpot_ms")):
+        files = build(path, "sglang", runtime_version=version)[1]
+        argv = commands({"benchmark.sh": files["benchmark.sh"]})[0]
+        assert argv[2] == module and _flag(argv, "--dataset-name") == "random-ids"
+        assert repr(key) in files["benchmark.sh"].decode()
+
+
+def test_runtime_versions_are_ranges_over_the_flag_tables():
+    vllm = TARGETS["vllm"]
+    assert resolve_version(vllm, None) == ("0.33.0", "0.33.0")
+    assert resolve_version(vllm, "0.20.1") == ("0.20.1", "0.10.2")
+    assert resolve_version(vllm, "v0.33.2") == ("0.33.2", "0.33.0")
+    assert resolve_version(TARGETS["sglang"], "0.5.10.post1")[1] == "0.5.4"
+    for bad in ("0.9.2", "0.34.0", "latest"):
+        with pytest.raises(UserError, match="--runtime-version"):
+            resolve_version(vllm, bad)
+    for target in TARGETS.values():  # every table a target writes for is generated and checked in
+        runtime = "vllm" if target.name in ("vllm", "vllm-afd") else target.name
+        if runtime in TABLES:
+            assert set(target.versions) <= set(TABLES[runtime]), target.name
+
+
+def _deepseek_afd() -> dict:
+    if "afd" not in _PLANS:
+        req = api.make_request("deepseek-v3", "200ms", "8k", gpus="h200", policy="afd", batches=(8, 16),
+                               tensor_parallel_sizes=(8,))
+        _PLANS["afd"] = plan_bytes(api.plan(req).plan)
+    return json.loads(_PLANS["afd"])
+
+
+def test_a_refusal_never_suggests_an_alternative_that_is_refused(tmp_path):
+    """A two-owner alternative that is an attention | FFN pair the connector cannot run (fewer
+    attention ranks than FFN ranks) is not suggested; one it can run is."""
+    from opweave_planner.export.common import refuse
+
+    good = _deepseek_afd()
+    bad = json.loads(json.dumps(good))
+    ffn = bad["owners"][1]
+    ffn["replicas"], ffn["resident_batch"], ffn["microbatch"] = 2, ffn["resident_batch"] // 2, ffn["microbatch"] // 2
+    bad["gpus_total"] = sum(o["replicas"] * o["tensor_parallel"] for o in bad["owners"])
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(good))
+    ctx, _files = build(str(p), "vllm-afd")
+    for alt, suggested in ((bad, False), (good, True)):
+        ctx.raw = {**good, "alternatives": {"two_owner": {"usd_per_million_tokens": 1.0, "plan": alt}}}
+        words = str(refuse(ctx, "a colocated plan"))
+        assert ("--alternative two_owner" in words) == suggested, words
+    with pytest.raises(InfeasibleError, match="attention ranks"):
+        p.write_text(json.dumps(bad))
+        build(str(p), "vllm-afd")
+
+
+def test_vllm_afd_keeps_the_plans_expert_parallelism_and_asks_for_afd_host_across_nodes(tmp_path):
+    plan = _deepseek_afd()
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(plan))
+    files = build(str(p), "vllm-afd")[1]
+    for name in ("attention-node-0.sh", "ffn-node-1.sh"):
+        script = files[name].decode()
+        ep = plan["owners"][0 if "attention" in name else 1]["expert_parallel"] > 1
+        assert ("--enable-expert-parallel" in script) == ep
+        assert 'AFD_HOST="${AFD_HOST:?' in script  # the roles are on two nodes: no loopback default
+
+
+def test_a_plan_from_a_hub_cache_id_serves_that_id(tmp_path):
+    from opweave_planner.contract import read_plan
+    from opweave_planner.export import _hub_id
+
+    plan = read_plan(GOLDEN / "llama-3.1-8b_colocated_h100.json")
+    assert _hub_id(plan.model_copy(update={"model": "org/some-model"})) == "org/some-model"
+    assert _hub_id(plan) is None  # a bundled name: its repository comes from the table
+    assert _hub_id(plan.model_copy(update={"model": "org/m", "model_source": "/x/config.json"})) is None
+
+
+def test_flag_tables_hold_every_flag_the_exporters_name():
+    from opweave_planner.export import sglang, vllm, vllm_afd
+
+    for version, flags in vllm.FLAGS.items():
+        assert set(flags.values()) <= set(TABLES["vllm"][version]["serve"]), version
+    for version, flags in vllm_afd.FLAGS.items():
+        assert set(flags.values()) <= set(TABLES["vllm"][version]["serve"]), version
+    for version, flags in sglang.FLAGS.items():
+        assert set(flags.values()) <= set(TABLES["sglang"][version]["server"]), version
+    assert "--enable-dbo" not in TABLES["vllm"]["0.10.2"]["serve"]  # the tables are not one list
+
+
+def test_check_exports_offline_part_finds_no_rejection_and_catches_one():
+    """The script's offline part over the goldens and every target: flags in the tables, manifests
+    valid; a flag no release has is caught."""
+    tables, schemas = json.loads(CHECK.TABLES.read_text()), CHECK.validators()
+    checked = 0
+    for plan in (GOLDEN / "llama-3.1-8b_colocated_h100.json",
+                 GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024_v1.7.json"):
+        for name in COLOCATED:
+            for version in TARGETS[name].versions:
+                _ctx, files = build(str(plan), name, runtime_version=version)
+                uses, bad = CHECK.offline(files, name, version, tables, schemas)
+                assert uses > 10 and bad == [], (plan.name, name, version, bad)
+                checked += 1
+    assert checked == 2 * sum(len(TARGETS[n].versions) for n in COLOCATED)
+    _uses, bad = CHECK.offline({"x.sh": b"exec vllm serve m --no-such-flag 1\n"}, "vllm", "0.33.0", tables, schemas)
+    assert bad == ["vllm 0.33.0 serve: --no-such-flag"]
