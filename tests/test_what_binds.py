@@ -141,6 +141,7 @@ def test_help_at_80_columns_in_a_pipe_shows_every_option_whole_and_flags_without
     for sub in (("afd", "ratio"), ("compare",), ("regen",)):
         text = _help(*sub)
         assert max(map(len, text.splitlines())) <= 80 and "<bool>" not in text and "…" not in text, sub
+        assert "\\[" not in text, sub
 
 
 def test_theory_and_afd_ratio_print_a_legend_of_their_symbols():
