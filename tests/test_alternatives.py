@@ -35,7 +35,8 @@ def mixed():
 
 
 def test_alternatives_are_listed_with_deltas(mixed):
-    assert mixed.schema_version == "1.2"
+    assert mixed.schema_version == "1.9"  # the plan says what binds it (1.9); its alternatives do not
+    assert {a.plan.schema_version for a in mixed.alternatives.values()} == {"1.2"}
     alts = mixed.alternatives
     assert set(alts) >= {"colocated", "two_owner", "single_gpu_type"}
     for a in alts.values():

@@ -137,7 +137,10 @@ def test_the_window_is_prompt_plus_output_and_the_workload_window_is_its_limit(t
 
     sized = read_plan(_file(tmp_path, "sized"))
     assert (sized.workload.context_tokens, sized.workload.window) == (8192, 8704)
-    assert sized.schema_version == "1.7"
+    from opweave_planner.plan import plan_version
+
+    # 1.7 keys; stamped 1.9 for the binding record every plan now carries
+    assert sized.schema_version == "1.9" and plan_version(sized.model_copy(update={"binding": None})) == "1.7"
     work = read_plan(_file(tmp_path, "workload"))
     assert work.workload.window == work.workload.distribution.max_model_len == 32768
     assert work.workload.max_model_len is None  # no new key: its window was recorded since 1.3

@@ -5,7 +5,9 @@ or a rounding fails here, and a deliberate change regenerates them in a commit t
 A file is stamped with the lowest version covering its keys, so today's planner writes 1.2
 (a fixed context), 1.5 (GPU types searched with different runtime reserves, from a
 catalog), 1.6 (an infeasibility record) and 1.8 (a workload distribution, which now records its
-preemption target and the owners' KV overflow episodes) files; all of them are re-planned. The
+preemption target and the owners' KV overflow episodes) files, and since 1.9 every plan says what
+binds its batch (`binding`); all of them are re-planned, a golden from before 1.9 compared without
+that key and with its own stamp (checked). The
 1.3 and 1.4 workload goldens were re-planned deliberately into their 1.8 twins (issue 29: the
 reserve is max(preemption target, kv quantile)) and stay as read-compatibility fixtures. A
 workload golden records its trace by the path it was made with (absolute, before issue 31; a
@@ -26,7 +28,7 @@ import pytest
 
 from opweave_planner import api
 from opweave_planner.contract import read_plan, recorded_request
-from opweave_planner.plan import SCHEMA_VERSION, Infeasible, plan_bytes
+from opweave_planner.plan import SCHEMA_VERSION, Infeasible, plan_bytes, plan_version
 
 GOLDEN = Path(__file__).parent / "golden"
 # keys each MINOR version added (stripped from a fresh plan compared with an older golden)
@@ -48,7 +50,8 @@ def _strip(obj: dict, minor: int) -> dict:
     return obj
 
 
-CURRENT = ("1.2", "1.5", "1.6", "1.7", SCHEMA_VERSION)  # what the planner writes today
+CURRENT = ("1.2", "1.5", "1.6", "1.7", "1.8", SCHEMA_VERSION)  # what the planner writes today
+BINDING_MINOR = 9  # a fresh plan carries `binding`; a golden from before it is compared without
 # goldens made with a --catalog (plans record its hash, not its path): re-planned with it
 CATALOGS = {"llama-3.1-8b_afd_h100+a100-reserve5_v1.5.json": GOLDEN / "catalog-reserve.toml"}
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "traces"
@@ -86,6 +89,11 @@ def test_golden_replans_to_the_same_bytes(path: Path):
     fresh = orjson.loads(plan_bytes(plan if plan is not None else infeasible))
     minor = int(golden.schema_version.split(".")[1])
     fresh = _strip(fresh, minor)
+    if plan is not None and minor < BINDING_MINOR:
+        # written before plans said what binds them: the rest must match, stamped as it was
+        assert plan_version(plan.model_copy(update={"binding": None})) == golden.schema_version
+        fresh.pop("binding", None)  # (_strip drops it already below 1.6: the 1.6 infeasibility key)
+        fresh["schema_version"] = golden.schema_version
     # an older file (or an infeasibility record from before 1.6 named its binding constraint):
     # compare what it carries
     if golden.schema_version not in CURRENT or (isinstance(golden, Infeasible) and minor < 6):

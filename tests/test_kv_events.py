@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from opweave_planner import api
+from opweave_planner.plan import plan_version
 from opweave_planner.workload.edge import workload_spec
 from opweave_planner.workload.kv import kv_events, kv_sum_bounds
 from opweave_planner.workload.shaping import materialize, request_ends
@@ -115,7 +116,8 @@ def test_a_larger_preemption_target_never_raises_cost_and_the_plan_says_so(tmp_p
     costs = [p.usd_per_million_tokens for p in plans]
     assert costs == sorted(costs, reverse=True), costs
     for p, t in zip(plans, (1e-6, 1e-4, 1e-2), strict=True):
-        assert p.schema_version == "1.8" and p.workload.distribution.preemptions_per_request == t
+        assert p.schema_version == "1.9" and plan_version(p.model_copy(update={"binding": None})) == "1.8"
+        assert p.workload.distribution.preemptions_per_request == t
         for o in p.owners:
             e = o.kv_events
             assert e.per_request_at_reserve <= t * (1 + 1e-9)

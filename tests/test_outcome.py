@@ -20,7 +20,8 @@ def _plan(slo, **kw):
 def test_a_feasible_request_is_optimal_with_its_plan():
     out = _plan(60)
     assert out.status == Status.OPTIMAL and out.infeasible is None and out.document is out.plan
-    assert out.binding is None and out.lowest_tpot_ms is None
+    # a plan says what binds its batch (schema 1.9); no lowest TPOT, that is the SLO-infeasible record's
+    assert out.binding == Binding(out.plan.binding.constraint) and out.lowest_tpot_ms is None
 
 
 def test_an_slo_below_reach_names_the_slo_and_the_lowest_tpot_which_is_reachable():

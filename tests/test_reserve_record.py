@@ -11,6 +11,7 @@ import pytest
 from opweave_planner import api
 from opweave_planner.contract import evaluate_plan, read_plan, recorded_request
 from opweave_planner.latency.memory import GIB
+from opweave_planner.plan import plan_version
 
 GOLDEN = Path(__file__).parent / "golden"
 CATALOG = GOLDEN / "catalog-reserve.toml"  # a100: 5 GiB, h100: the profiled 3.5 GiB
@@ -48,4 +49,5 @@ def test_one_reserve_keeps_the_scalar_and_the_old_stamp(reserve):
     space = plan.search.space
     assert space.memory_reserve_gb_by_gpu is None
     assert space.memory_reserve_gb == (3.5 if reserve is None else reserve)
-    assert plan.schema_version == "1.2"
+    # the reserve keys add nothing: 1.2 but for the plan's 1.9 binding record
+    assert plan.schema_version == "1.9" and plan_version(plan.model_copy(update={"binding": None})) == "1.2"

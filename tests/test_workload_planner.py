@@ -13,7 +13,7 @@ from conftest import run_cli
 from opweave_planner import api
 from opweave_planner.compile.traffic import workload_of
 from opweave_planner.contract import evaluate_plan, read_plan
-from opweave_planner.plan import plan_bytes
+from opweave_planner.plan import plan_bytes, plan_version
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 AZURE = TRACES / "azure-conv-sample.csv"
@@ -29,18 +29,24 @@ def _plan(**kw):
     return doc
 
 
+def _stamp(doc) -> str:
+    """The version a plan's workload keys need: its stamp but for the 1.9 binding every plan carries."""
+    assert doc.schema_version == "1.9"
+    return plan_version(doc.model_copy(update={"binding": None}))
+
+
 def test_a_truncated_trace_is_a_1_8_file_and_says_what_was_cut():
     doc = _plan(slo="60ms", workload=str(AZURE), max_model_len="2k", overflow="truncate", max_stages=1)
     d = doc.workload.distribution
-    assert doc.schema_version == "1.8" and d.overflow == "truncate"  # 1.4's value, 1.8's event record
+    assert _stamp(doc) == "1.8" and d.overflow == "truncate"  # 1.4's value, 1.8's event record
     assert d.dropped == 0 and d.requests == d.rows and d.clipped > 0 and d.max_context <= 2047
     clip = _plan(slo="60ms", workload=str(AZURE), max_model_len="2k", max_stages=1)
-    assert clip.schema_version == "1.8" and clip.workload.distribution.dropped > 0
+    assert _stamp(clip) == "1.8" and clip.workload.distribution.dropped > 0
 
 
 def test_a_workload_plan_records_its_workload_and_tpot_distribution():
     doc = _plan(slo="30ms", workload=str(MOONCAKE), scale_ctx="8k")
-    assert doc.schema_version == "1.8"
+    assert _stamp(doc) == "1.8"
     d = doc.workload.distribution
     assert d.source == "trace" and d.format == "mooncake" and len(d.sha256) == 64
     assert d.rows == 2006 and d.requests + d.dropped == d.rows
@@ -138,7 +144,7 @@ def test_a_one_token_workload_plans():
 
 def test_a_sized_workload_plan_stays_1_8_and_sizes_on_the_mean(tmp_path):
     doc = _plan(slo="30ms", workload=str(AZURE), policy="colocated", target_tokens_per_s=5000)
-    assert doc.schema_version == "1.8" and doc.deployment is not None
+    assert _stamp(doc) == "1.8" and doc.deployment is not None
     per_copy = doc.global_batch * 1000 / doc.tpot.mean_ms
     assert doc.deployment.tokens_per_s_per_copy == pytest.approx(per_copy, rel=1e-6)
 

@@ -177,7 +177,7 @@ def _simplest(outcome, slack: float):
 def sized(doc, req: PlanRequest, hw: Hardware):
     """`doc` with its deployment for the request's target load, if it names one."""
     from opweave_planner.compile.space import node_size
-    from opweave_planner.plan import schema_version_for
+    from opweave_planner.plan import plan_version
     from opweave_planner.sizing import size_deployment
 
     if req.target_tokens_per_s is None and req.target_concurrency is None:
@@ -185,9 +185,8 @@ def sized(doc, req: PlanRequest, hw: Hardware):
     dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
                           target_concurrency=req.target_concurrency,
                           gpus_per_node={g.id: node_size(g, req) for g in hw.gpus})
-    version = schema_version_for(doc.search.space, alternatives=True,  # deployment is a 1.2 key
-                                 workload=doc.workload)
-    return doc.model_copy(update={"deployment": dep, "schema_version": version})
+    doc = doc.model_copy(update={"deployment": dep})
+    return doc.model_copy(update={"schema_version": plan_version(doc)})
 
 
 def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:
@@ -200,7 +199,8 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:
     """
     from opweave_planner.compile import compile_request
     from opweave_planner.inputs.request import Policy
-    from opweave_planner.plan import build_plan, search_stats, with_alternatives
+    from opweave_planner.plan import build_plan, plan_version, search_stats, with_alternatives
+    from opweave_planner.plan.binding import binding_of
     from opweave_planner.search.driver import run_search
 
     ctx = compile_request(req)
@@ -214,7 +214,9 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:
         return doc
 
     chosen = outcome.best if req.prefer_simpler is None else _simplest(outcome, req.prefer_simpler)
-    doc = sized(build(chosen), req, ctx.hw)
+    doc, ev = build_plan(ctx, chosen.template, chosen.selection, stats, scored_t_rtt_us=chosen.t_rtt_us)
+    doc = doc.model_copy(update={"binding": binding_of(ctx, chosen.template, chosen.selection, ev)})
+    doc = sized(doc.model_copy(update={"schema_version": plan_version(doc)}), req, ctx.hw)
     if req.policy != Policy.OPWEAVE:
         return Outcome(Status.OPTIMAL, plan=doc)
     named = {name: build(c) for name, c in outcome.alternatives.items() if c is not None}

@@ -475,10 +475,14 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Reeva
     recorded prices, network and workload, the shipped catalog and profiles, so an unchanged
     plan under unchanged inputs reproduces its figures exactly.
     """
-    from opweave_planner.plan import build_plan
+    from opweave_planner.plan import build_plan, plan_version
+    from opweave_planner.plan.binding import binding_of
 
     ctx, tmpl, sel = plan_context(plan, where=where, **overrides)
     new, ev = build_plan(ctx, tmpl, sel, plan.search)
+    if plan.binding is not None:  # what binds it, judged again under the new inputs
+        new = new.model_copy(update={"binding": binding_of(ctx, tmpl, sel, ev)})
+        new = new.model_copy(update={"schema_version": plan_version(new)})
     memory = [(float(n), float(u)) for n, u in zip(ev.memory_need, ev.memory_usable, strict=True)]
     changed = [label for key, label in _PROVENANCE_INPUTS
                if getattr(plan.provenance, key) != getattr(new.provenance, key)]

@@ -7,6 +7,7 @@ inside the functions) so that `opweave-plan --help` stays fast.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import threading
@@ -192,6 +193,96 @@ def plan_headline(plan: Any) -> str:
             f"mu={_get(plan, 'microbatches')}")
 
 
+def _next_plan_words(b: Any, cost: float | None) -> str:
+    usd = _get(b, "next_usd_per_million_tokens")
+    if usd is None:
+        return ""
+    rel = f" ({(usd / cost - 1) * 100:+.2f} %)" if cost else ""
+    return (f"{usd:.4f} USD/M tokens{rel}, TPOT {_get(b, 'next_tpot_ms'):.2f} ms, "
+            f"{_get(b, 'next_gpus_total')} GPUs")
+
+
+def binding_line(plan: Any) -> str | None:
+    """'binds: memory ...': what keeps the plan at its batch and what the next batch would take
+    (the plan's `binding`, schema 1.9; None for older files)."""
+    b = _get(plan, "binding")
+    if b is None:
+        return None
+    kind, nxt, batch = _get(b, "constraint"), _get(b, "next_batch"), _get(plan, "global_batch")
+    if kind == "batches":
+        return (f"binds: the batch set: B={batch} is the largest searched batch this plan's shape can "
+                f"split (--batches with larger sizes searches further)")
+    cost = _get(plan, "usd_per_million_tokens")
+    o = _get(b, "memory_owner")
+    mem = (f"owner {o} uses {_get(b, 'memory_used_gib'):.1f} of {_get(b, 'memory_usable_gib'):.1f} GiB usable "
+           f"per GPU; B={nxt} would need {_get(b, 'memory_next_gib'):.1f} GiB")
+    nextp = _next_plan_words(b, cost)
+    if kind == "slo":
+        slo = _get(_get(plan, "workload"), "tpot_slo_ms")
+        return (f"binds: the SLO: B={nxt} with this shape runs at TPOT {_get(b, 'next_tpot_ms'):.2f} ms > "
+                f"SLO {slo:g} ms; an SLO of {math.ceil(_get(b, 'next_tpot_ms'))} ms would allow it at {nextp} "
+                f"(memory: {mem})")
+    if kind == "cost":
+        return f"binds: cost: B={nxt} fits memory and meets the SLO with this shape but costs {nextp} ({mem})"
+    cap = {"gpus": "the GPU cap (--max-gpus)", "nodes": "the node cap (--max-nodes)"}.get(kind)
+    if cap:
+        return (f"binds: {cap}: at B={batch} memory is full ({mem}); more replicas would take {nextp}, "
+                f"over the cap")
+    return (f"binds: memory at B={batch}: {mem}"
+            + (f"; the cheapest B={nxt} plan of this template (more replicas): {nextp}" if nextp else
+               f"; no B={nxt} plan of this template fits"))
+
+
+ALTERNATIVE_WORDS = {"colocated": "colocated", "single_gpu_type": "single GPU type",
+                     "two_owner": "two owners", "optimum": "optimum"}
+"""How the summary names the plan file's `alternatives` keys."""
+
+
+def _shape(doc: Any) -> bytes:
+    """What makes two plans the same deployment: owners, template, stages, batch and mu."""
+    import orjson
+
+    def dump(v):
+        if isinstance(v, list):
+            return [dump(x) for x in v]
+        return v.model_dump(mode="json") if hasattr(v, "model_dump") else v
+
+    return orjson.dumps({k: dump(_get(doc, k)) for k in ("owners", "template", "stages", "global_batch",
+                                                        "microbatches")}, option=orjson.OPT_SORT_KEYS)
+
+
+def alternative_lines(plan: Any) -> list[str]:
+    """The plan's alternatives, one line per distinct plan with every name it answers to
+    (`colocated = single GPU type = two owners`); names whose plan is this plan are said so, and
+    with --prefer-simpler the optimum comes first under its own heading, not as a simpler plan."""
+    alts = _get(plan, "alternatives") or {}
+    if not alts:
+        return []
+    own = _shape(plan)
+    groups: dict[bytes, list[str]] = {}
+    for name in sorted(alts, key=lambda n: (n != "optimum", ALTERNATIVE_WORDS.get(n, n))):
+        groups.setdefault(_shape(_get(alts[name], "plan")), []).append(name)
+    lines, simpler = [], []
+    for key, names in groups.items():
+        words = " = ".join(ALTERNATIVE_WORDS.get(n, n) for n in names)
+        if key == own:
+            lines.append(f"this plan is also the cheapest {words} plan")
+            continue
+        alt = alts[names[0]]
+        n_st = _get(alt, "num_stages")
+        row = (f"  {words + ':':<17} {_get(alt, 'usd_per_million_tokens'):.4f} USD/M tokens "
+               f"({_get(alt, 'cost_delta_pct'):+.2f} %), TPOT {_get(alt, 'tpot_ms'):.2f} ms "
+               f"({_get(alt, 'tpot_delta_pct'):+.1f} %), {_get(alt, 'gpus_total')} GPUs, "
+               f"{n_st} stage{'s' if n_st != 1 else ''}")
+        if "optimum" in names:
+            lines += ["the optimum (cheapest; --prefer-simpler chose the simpler plan above):", row]
+        else:
+            simpler.append(row)
+    if simpler:
+        lines += ["simpler alternatives (same search; cost and TPOT relative to this plan):", *simpler]
+    return lines
+
+
 def summary_lines(plan: Any, *, alternatives: Sequence[tuple[str, float | None, float | None]] = (),
                   unmeasured_gpus: Iterable[str] = (), estimated_price_gpus: Iterable[str] = ()
                   ) -> list[str]:
@@ -205,6 +296,9 @@ def summary_lines(plan: Any, *, alternatives: Sequence[tuple[str, float | None, 
     events = kv_event_words(plan)
     if events:
         lines.append(events)
+    why = binding_line(plan)
+    if why:
+        lines.append(why)
     warn = data_quality_warning((_get(o, "gpu") for o in _get(plan, "owners") or []),
                                 unmeasured_gpus, estimated_price_gpus)
     if warn:
@@ -220,15 +314,16 @@ def summary_lines(plan: Any, *, alternatives: Sequence[tuple[str, float | None, 
             alts.append(f"{name} {usd:.4f} USD/M tokens" + (f", TPOT {tpot:.2f} ms" if tpot is not None else "")
                         + rel)
         lines.append("alternatives: " + "; ".join(alts))
-    for name, alt in sorted((_get(plan, "alternatives") or {}).items()):
-        lines.append(f"  {name + ':':<17} {_get(alt, 'usd_per_million_tokens'):.4f} USD/M tokens "
-                     f"({_get(alt, 'cost_delta_pct'):+.2f} %), TPOT {_get(alt, 'tpot_ms'):.2f} ms "
-                     f"({_get(alt, 'tpot_delta_pct'):+.1f} %), {_get(alt, 'gpus_total')} GPUs, "
-                     f"{_get(alt, 'num_stages')} stage{'s' if _get(alt, 'num_stages') != 1 else ''}")
-    if _get(plan, "alternatives"):
-        lines.insert(len(lines) - len(_get(plan, "alternatives")),
-                     "simpler alternatives (same search; cost and TPOT relative to this plan):")
+    lines += alternative_lines(plan)
+    lines.append(SUMMARY_TERMS)
     return lines
+
+
+SUMMARY_TERMS = ("terms: B = requests decoding at once (global batch); mu = microbatches in flight; owner = "
+                 "a device-group type (replicas x TP GPUs) running some stages; resident batch = requests "
+                 "one replica holds (mu x microbatch); two owners = at most two device-group types; "
+                 "θ, CV = the workload's mean context and its coefficient of variation; measured share = "
+                 "latency from measured kernel tables; details: docs/consuming-a-plan.md")
 
 
 def render_plan_summary(plan, *, alternatives: Sequence[tuple[str, float | None, float | None]] = (),

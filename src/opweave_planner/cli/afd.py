@@ -25,6 +25,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help, as cli/main.py
     help="Attention-FFN disaggregation: provision the rA-1F ratio under stochastic workloads.",
 )
 
@@ -210,6 +211,13 @@ def _render_ratio(console, report: dict, unit: str) -> None:
         (f"thr_mf (tokens/{_per(unit)}/inst)", lambda row: f"{row['throughput_mf']:.4f}"),
         (f"thr_G (tokens/{_per(unit)}/inst)", lambda row: f"{row['throughput_g']:.4f}"),
     ])
+    console.print(RATIO_TERMS, markup=False)
+
+
+RATIO_TERMS = ("terms: r = attention instances per FFN instance; mu_A, sigma_A = mean and spread of the "
+               "attention step; kappa_r = expected maximum of r standard normals (the barrier's excess); "
+               "tau_mf / tau_G = step time, mean-field / barrier-aware (Gaussian); thr = tokens per instance; "
+               "details: docs/afd.md")
 
 
 def _print_table(console, rows: list[dict], columns: list[tuple[str, Callable[[dict], str]]]) -> None:

@@ -198,7 +198,7 @@ def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Emit the comparison as one JSON document"),
     plot: str = typer.Option(None, "--plot", help="Also draw the cost-versus-TPOT frontier (every policy and "
                                                   "GPU set across the SLOs) to this image file, .svg/.png/.pdf "
-                                                  "(needs the \\[plot] extra)"),
+                                                  "(needs the [plot] extra)"),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Independent searches run in parallel processes (same result as 1)"),
     ray: str = typer.Option(None, "--ray", help="Run the searches on a Ray cluster: ADDRESS, 'auto' or 'local' (needs the ray extra)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress on stderr"),

@@ -146,7 +146,7 @@ def regen_cmd(
     out: str = typer.Option(..., "--out", "-o", help="Folder of plan files to update"),
     jobs: int = typer.Option(1, "--jobs", "-j", help="Local worker processes (same bytes as 1)"),
     ray: str = typer.Option(None, "--ray", help="Run on a Ray cluster: ADDRESS, 'auto' or 'local' "
-                                                "(needs the \\[ray] extra; same bytes as local)"),
+                                                "(needs the [ray] extra; same bytes as local)"),
     retries: int = typer.Option(1, "--retries", help="Retries of a failed or lost entry"),
     prune: bool = typer.Option(False, "--prune", help="Delete plan files in --out that the matrix no longer lists"),
     hysteresis: str = typer.Option("0%", "--hysteresis",

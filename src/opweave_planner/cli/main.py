@@ -15,6 +15,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: full option names at any width, flags without a type
     help="Plan the cheapest operator-level disaggregated decode deployment that meets a TPOT SLO.",
 )
 
@@ -124,6 +125,7 @@ def _register_subcommands() -> None:
                                  profiles_dir=profiles_dir, backend=backend, catalog=catalog)
         report.emit_json(info) if as_json else report.render_profile_table(info)
 
+    profiles_cli.app.rich_markup_mode = None  # plain help like the rest (see `app`)
     app.add_typer(profiles_cli.app, name="profiles", help="Import, show and measure latency profiles")
     app.command("profile", help="Measure a model's kernels on the local CUDA GPU (needs the profile extra: PyTorch)")(
         profiles_cli.profile_cmd)

@@ -59,7 +59,7 @@ def _option(model: Model, name: str) -> Any:
         default = field.default
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else getattr(default, "value", default)
         if not isinstance(default, bool):
-            help_text += f" \\[default: {shown}]"  # escaped: rich markup would eat a bare [...]
+            help_text += f" [default: {shown}]"  # plain click help (cli/main.py): no markup to escape
     return typer.Option(None, *flags(model, name), help=help_text, show_default=False)
 
 

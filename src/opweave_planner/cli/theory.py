@@ -128,6 +128,13 @@ def _render(res: dict[str, Any]) -> None:
     con.print(t)
     if any(not r["ods_feasible"] for r in res["rows"]):
         con.print("(!) the KV of one request or the weight shard does not fit that GPU at this TP degree")
+    con.print(THEORY_TERMS, markup=False)
+
+
+THEORY_TERMS = ("terms: b* = batch at which the GEMMs turn compute-bound; b_bar = largest batch that fits "
+                "beside the weights; G_hom = colocated / homogeneous-disaggregated cost per token; eta = "
+                "beta1*F2/(beta2*F1) of a pair; x* (at context s*) = KV bytes where the pair's gain peaks; "
+                "CPT = cost per token; details: docs/theory.md")
 
 
 def theory_cmd(

@@ -14,7 +14,7 @@ from pathlib import Path
 from opweave_planner import __version__
 from opweave_planner.data import profiles_root
 from opweave_planner.latency.tables import DECODE_KINDS
-from opweave_planner.plan.io import dumps, rounded, schema_version_for
+from opweave_planner.plan.io import dumps, plan_version, rounded, schema_version_for
 from opweave_planner.plan.request import space_values
 from opweave_planner.plan.schema import (
     Alternative,
@@ -93,8 +93,8 @@ def with_alternatives(plan: Plan, named: dict[str, Plan]) -> Plan:
         cost_delta_pct=_pct(p.usd_per_million_tokens, plan.usd_per_million_tokens),
         tpot_delta_pct=_pct(p.tpot_ms, plan.tpot_ms), num_stages=p.num_stages, gpus_total=p.gpus_total,
         plan=p) for name, p in named.items()}
-    return plan.model_copy(update={"alternatives": alts, "schema_version": schema_version_for(
-        plan.search.space, alternatives=True, workload=plan.workload)})
+    out = plan.model_copy(update={"alternatives": alts})
+    return out.model_copy(update={"schema_version": plan_version(out)})
 
 
 class CriticalResource(IntEnum):

@@ -16,7 +16,7 @@ from opweave_planner.plan.request import SPACE, SPACE_ROWS
 from opweave_planner.plan.schema import SCHEMA_MAJOR, Distribution, SpaceOut, Workload
 
 __all__ = ["dumps", "rounded", "plan_bytes", "write_atomic", "schema_version_for", "distribution_minor",
-           "infeasible_version"]
+           "infeasible_version", "plan_version"]
 
 EVENTS_MINOR = 8  # workload.distribution.preemptions_per_request and owners[].kv_events
 
@@ -83,3 +83,16 @@ def infeasible_version(space: SpaceOut, distribution: Distribution | None = None
     """The version an infeasibility record is stamped with: it carries the 1.6 keys."""
     minor = int(schema_version_for(space, distribution=distribution, workload=workload).split(".")[1])
     return f"{SCHEMA_MAJOR}.{max(minor, INFEASIBLE_MINOR)}"
+
+
+BINDING_MINOR = 9  # a plan's `binding` record
+
+
+def plan_version(plan) -> str:
+    """The lowest 1.x covering every key a Plan carries (the searched space, its workload record,
+    the 1.2 keys model_source / deployment / alternatives, the 1.9 binding)."""
+    extra = any(getattr(plan, k) is not None for k in ("model_source", "deployment", "alternatives"))
+    minor = int(schema_version_for(plan.search.space, alternatives=extra, workload=plan.workload).split(".")[1])
+    if plan.binding is not None:
+        minor = max(minor, BINDING_MINOR)
+    return f"{SCHEMA_MAJOR}.{minor}"

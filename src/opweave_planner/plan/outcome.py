@@ -24,10 +24,15 @@ class Status(StrEnum):
 
 
 class Binding(StrEnum):
-    """Why no plan meets the request (the infeasibility record's `binding`)."""
+    """What binds: why no plan meets the request (the infeasibility record's `binding`: slo or
+    memory), or why a plan stops at its batch (the plan's `binding.constraint`, schema 1.9)."""
 
-    SLO = "slo"  # memory-feasible plans exist, but the fastest misses the TPOT SLO
-    MEMORY = "memory"  # no placement holds the weights and KV within the GPU budget
+    SLO = "slo"  # memory-feasible plans exist, but the fastest misses the TPOT SLO / the next batch would
+    MEMORY = "memory"  # no placement holds the weights and KV within the GPU budget / the next batch's KV
+    GPUS = "gpus"  # the next batch fits only with more GPUs than --max-gpus
+    NODES = "nodes"  # ... only on more nodes than --max-nodes
+    BATCHES = "batches"  # the plan runs the largest batch of the request's set that its shape can split
+    COST = "cost"  # the next batch fits and meets the SLO, but costs more per token
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,10 @@ class Outcome:
 
     @property
     def binding(self) -> Binding | None:
-        return None if self.infeasible is None or self.infeasible.binding is None \
-            else Binding(self.infeasible.binding)
+        """The infeasibility record's binding constraint, or what binds the plan's batch."""
+        if self.plan is not None:
+            return None if self.plan.binding is None else Binding(self.plan.binding.constraint)
+        return None if self.infeasible.binding is None else Binding(self.infeasible.binding)
 
     @property
     def lowest_tpot_ms(self) -> float | None:

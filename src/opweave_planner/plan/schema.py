@@ -22,10 +22,10 @@ from opweave_planner.plan.request import SPACE, SPACE_ROWS, Recorded
 __all__ = [
     "SCHEMA_MAJOR", "SCHEMA_VERSION", "NAME_PATTERN", "Name", "PolicyName", "Plan", "Infeasible",
     "Alternative", "Workload", "Distribution", "TpotStats", "KvEventsOut", "OwnerOut", "StageOut", "TemplateOut", "Metrics",
-    "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment",
+    "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment", "BindingOut",
 ]
 
-SCHEMA_VERSION = "1.8"
+SCHEMA_VERSION = "1.9"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -219,6 +219,29 @@ class Metrics(_Frozen):
     stage_link: str = _f("Link stage hand-offs use: intra_node, inter_node or none (one owner)")
 
 
+class BindingOut(_Frozen):
+    """What keeps the plan at its batch: its shape (owners, mu, replicas) scored at the next batch
+    of the searched set it can split, by the search's evaluator; added in schema 1.9."""
+
+    constraint: Literal["slo", "memory", "gpus", "nodes", "batches", "cost"] = _f(
+        "slo: at next_batch the shape fits memory but misses the TPOT SLO; memory: it does not fit "
+        "(next_* then describe this template's cheapest next_batch plan, with more replicas); gpus / "
+        "nodes: that plan needs more than --max-gpus / --max-nodes; batches: no larger searched batch "
+        "the shape can split; cost: next_batch fits and meets the SLO but costs more per token")
+    next_batch: StrictInt | None = _f("The next searched global batch the plan's shape can split "
+                                      "(divisible by microbatches x replicas of every owner)", default=None, ge=1)
+    memory_owner: StrictInt | None = _f("Owner with the least memory headroom at next_batch", default=None, ge=0)
+    memory_used_gib: float | None = _f("That owner's bytes per GPU in this plan, GiB", default=None, ge=0)
+    memory_usable_gib: float | None = _f("That owner's usable bytes per GPU (after the reserve and "
+                                         "--gpu-memory-utilization), GiB", default=None, ge=0)
+    memory_next_gib: float | None = _f("That owner's bytes per GPU at next_batch, GiB", default=None, ge=0)
+    next_tpot_ms: float | None = _f("TPOT at next_batch (slo, cost: this shape; memory, gpus, nodes: the "
+                                    "cheapest plan of this template there), milliseconds", default=None, gt=0)
+    next_usd_per_million_tokens: float | None = _f("Cost at next_batch, same plan as next_tpot_ms", default=None,
+                                                   ge=0)
+    next_gpus_total: StrictInt | None = _f("GPUs at next_batch, same plan as next_tpot_ms", default=None, ge=1)
+
+
 # the plan file's strict twin of each request type (`true` is not 1 and "3" is not 3 in a file);
 # searched GPU ids are names, which exports write into scripts
 _STRICT = {int: StrictInt, bool: StrictBool, float: float, str: str,
@@ -353,6 +376,9 @@ class Plan(_Frozen):
     deployment: Deployment | None = _f(
         "Deployment sized for the request's target load (--target-tokens-per-s / --target-concurrency): "
         "copies, replicas, GPUs, nodes, USD per hour; added in schema 1.2", default=None)
+    binding: BindingOut | None = _f(
+        "What keeps the plan at its batch (SLO, memory, GPU or node cap) and what the next batch would "
+        "take; added in schema 1.9", default=None)
     alternatives: dict[str, Alternative] | None = _f(
         "Cheapest plan of each simpler class that has one: colocated (one stage), two_owner (at most "
         "two device-group types, AFD/CAD-like), single_gpu_type; and optimum when --prefer-simpler "
