@@ -17,7 +17,7 @@ import numpy as np
 
 from opweave_planner.compile.problem import PRUNE_EPS, Problem, objective_flags
 from opweave_planner.jit import entry, kernel
-from opweave_planner.search.bounds import lower_bound
+from opweave_planner.search.bounds import coupled_exceeds, lower_bound
 from opweave_planner.search.evaluate import (
     NODE_TOL,
     evaluate_into,
@@ -136,6 +136,15 @@ def walk(caps, fab, ot, pts, sc, B, mu, opt_link):
             if t_lb > slo_cap or gpus > gpu_cap or t_lb * rsum > incumbent * factor:
                 counters[C_BOUND] += 1
                 continue
+            if use_bnb and depth < k:
+                r_fixed, r_rest = 0.0, 0.0
+                for o in range(depth):
+                    r_fixed += r[o, sel[o]]
+                for o in range(depth, k):
+                    r_rest += min_r[o]
+                if coupled_exceeds(pts, depth, mu, t_lb, r_fixed, r_rest, incumbent * factor, slo_cap):
+                    counters[C_BOUND] += 1
+                    continue
         if depth < k:
             level = depth
             sel[level] = -1
