@@ -223,6 +223,17 @@ def _swap(arr, a, b):
     arr[a], arr[b] = arr[b], arr[a]
 
 
+@kernel(inline=True, refcount=False)
+def point_minima(pts, o):
+    """The per-owner minima the bounds assume for an owner still open."""
+    ptot, pr, prho, pbh = pts.total[o], pts.r[o], pts.rho[o], pts.bh[o]
+    # minima by a loop, not ndarray.min(): each numpy reduction compiles its own generic code
+    mt, mr, mrho, mbh = ptot[0], pr[0], prho[0], pbh[0]
+    for a in range(1, pts.count[o]):
+        mt, mr, mrho, mbh = min(mt, ptot[a]), min(mr, pr[a]), min(mrho, prho[a]), min(mbh, pbh[a])
+    pts.min_total[o], pts.min_r[o], pts.min_rho[o], pts.min_bh[o] = mt, mr, mrho, mbh
+
+
 @kernel(refcount=False)
 def sort_points(pts, o):
     """Insertion sort by (r, rho, b, sum T, config, n), then the per-owner minima and staircase."""
@@ -235,11 +246,7 @@ def sort_points(pts, o):
             for arri in (pc, pm, pn, pbh):
                 _swap(arri, j, j - 1)
             j -= 1
-    # minima by a loop, not ndarray.min(): each numpy reduction compiles its own generic code
-    mt, mr, mrho, mbh = ptot[0], pr[0], prho[0], pbh[0]
-    for a in range(1, pts.count[o]):
-        mt, mr, mrho, mbh = min(mt, ptot[a]), min(mr, pr[a]), min(mrho, prho[a]), min(mbh, pbh[a])
-    pts.min_total[o], pts.min_r[o], pts.min_rho[o], pts.min_bh[o] = mt, mr, mrho, mbh
+    point_minima(pts, o)
     # staircase: in r order, a point enters when it is faster than every cheaper one
     prof_t, prof_r, w, fastest = pts.prof_t[o], pts.prof_r[o], 0, np.inf
     for a in range(pts.count[o]):
