@@ -221,3 +221,23 @@ def test_agrees_with_numba_itself(kmod, tmp_path):
 def test_shipped_kernel_files_exist():
     files = jit.kernel_files()
     assert files and all(f.is_file() and jit._cached_functions(f.read_text()) for f in files)
+
+
+def test_search_progress_is_work_weighted_and_withholds_the_eta_at_first():
+    """The search reports template-equivalents of estimated work and no total (so no ETA)
+    before ETA_AFTER of it; it ends at (templates, templates)."""
+    from opweave_planner import api
+    from opweave_planner.search.driver import ETA_AFTER, progress_report, template_work
+
+    assert progress_report(1.0, 100.0, 50) == (0, None)
+    assert progress_report(ETA_AFTER * 100.0, 100.0, 50) == (round(50 * ETA_AFTER), 50)
+    assert progress_report(100.0, 100.0, 50) == (50, 50)
+    assert template_work(16, 3) > template_work(4, 3) > template_work(4, 2)
+    calls = []
+    req = api.make_request("llama-3.1-8b", "60ms", "8k", gpus="h100,a100", max_owners=2, batches=(1, 8),
+                           max_replicas=1, tensor_parallel_sizes=(1,))
+    api.plan(req, progress=lambda d, t: calls.append((d, t)))
+    assert calls[0][1] is None and calls[-1][0] == calls[-1][1] is not None
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    withheld = [d for d, t in calls if t is None]
+    assert max(withheld) < ETA_AFTER * calls[-1][1] + 1

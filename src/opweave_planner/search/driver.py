@@ -104,12 +104,42 @@ def _single_type(ctx: Compiled, cand: Candidate) -> bool:
     return len({int(ctx.tables.fabric.cfg_gpu[c]) for c in cand.selection.cfg}) == 1
 
 
+# work estimate of one template: its owners' point tables are built per configuration at
+# every (B, mu), so configs x owners, plus a fixed part (expanding the template). Measured
+# (gemma-3-27b, 32k, after the coupled bound): 0.36 / 0.65 ms per 2- / 3-owner template over 4
+# configs, 2.1 / 3.1 ms over 16
+TEMPLATE_OVERHEAD = 2.0
+# no ETA before this share of the estimated work is done (at 5 % it read 2.5-3.8x the real
+# remaining time on gemma-3-27b, at 20 % 1.9-2.2x): the first templates carry cache
+# loading (or compilation) and the cheap colocated/two-owner phases
+ETA_AFTER = 0.2
+
+
+def template_work(n_configs: int, owners: int) -> float:
+    """Estimated cost of searching one template whose owners choose among n_configs."""
+    return TEMPLATE_OVERHEAD + float(n_configs * owners)
+
+
+def progress_report(done_work: float, total_work: float, templates: int) -> tuple[int, int | None]:
+    """What `progress(done, total)` is told: the work done as template-equivalents of the
+    estimated work (so an ETA from it scales with work, not with template count), and no total,
+    hence no ETA, until ETA_AFTER of the work is done."""
+    if total_work <= 0.0:
+        return templates, templates
+    eq = min(templates, round(templates * done_work / total_work))
+    if done_work < ETA_AFTER * total_work:
+        return eq, None
+    return eq, templates
+
+
 class _Run:
     """The phases of one search, sharing a progress count and the interrupt check."""
 
-    def __init__(self, ctx: Compiled, jobs: int, progress, check, total: int, stack=None) -> None:
+    def __init__(self, ctx: Compiled, jobs: int, progress, check, total: int, stack=None,
+                 total_work: float = 0.0) -> None:
         self.ctx, self.jobs, self.progress, self.check = ctx, jobs, progress, check
         self.done, self.total = 0, total
+        self.done_work, self.total_work = 0.0, total_work
         self.stack, self.pool = stack, None  # one worker pool for every phase (workers keep their context)
         self.counters = Counters()
         self.timings: list[tuple[str, int, float]] = []
@@ -136,8 +166,9 @@ class _Run:
                 if cand is not None:
                     found[i] = cand
                 self.done += 1
+                self.done_work += _work(self.ctx, i, ph)
             if self.progress:
-                self.progress(self.done, self.total)
+                self.progress(*progress_report(self.done_work, self.total_work, self.total))
             self.check()
         return [found[i] for i in sorted(found)]
 
@@ -150,6 +181,12 @@ def _pooled(ctx: Compiled, rest: list[int], jobs: int, ph: Phase, pool):
                for ch in chunks if ch]
     for ch, fut in futures:
         yield list(zip(ch, fut.result(), strict=True))
+
+
+def _work(ctx: Compiled, index: int, ph: Phase) -> float:
+    gpu_of = ctx.tables.fabric.cfg_gpu
+    n_cfg = len(gpu_of) if ph.only_gpu is None else sum(1 for g in gpu_of if int(g) == ph.only_gpu)
+    return template_work(n_cfg, ctx.templates[index].k)
 
 
 def _min_cost(cands) -> float:
@@ -176,8 +213,13 @@ def run_search(ctx: Compiled, jobs: int = 1, progress=None, slo_ms: float | None
     two = tuple(i for i in range(1, n) if owners[i] == 2)
     rest = tuple(i for i in range(1, n) if owners[i] > 2)
     total = 1 + len(two) + len(rest) + ((n - 1) * len(types) if len(types) > 1 else 0)
+    every = Phase(tuple(range(n)), math.inf, slo_us, latency_objective)
+    work = sum(_work(ctx, i, every) for i in (0, *two, *rest))
+    if len(types) > 1:
+        work += sum(_work(ctx, i, Phase((), math.inf, slo_us, latency_objective, only_gpu=g))
+                    for g in types for i in range(1, n))
     with deferred_interrupts() as check, contextlib.ExitStack() as stack:
-        run = _Run(ctx, jobs, progress, check, total, stack)
+        run = _Run(ctx, jobs, progress, check, total, stack, work)
         colocated = run.phase("colocated", Phase((0,), math.inf, slo_us, latency_objective))
         c_cost = _min_cost(colocated)
         two_found = run.phase("two-owner", Phase(two, c_cost, slo_us, latency_objective))
