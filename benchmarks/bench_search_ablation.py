@@ -5,7 +5,8 @@ For gemma-3-27b, 32k context, 60 ms TPOT SLO, on H100 and on H100+A100: candidat
 the search with both accelerations (Full), without Pareto frontiers (No-PF),
 without branch-and-bound (No-B&B) and without either (Neither); checks that every
 variant returns the same plan (same usd_per_million_tokens and identical plan fields
-apart from the search statistics).
+apart from the search statistics). cpu_s is the search's process CPU time (the
+machine is shared, so wall time is noisy; with --jobs > 1 it excludes the workers).
 
     python benchmarks/bench_search_ablation.py --reduced        # all four variants, reduced grid
     python benchmarks/bench_search_ablation.py                  # Full only, full default grid
@@ -44,15 +45,15 @@ def run_variant(gpus: str, pareto: bool, bnb: bool, space: dict, jobs: int):
     t0 = time.perf_counter()
     ctx = compile_request(req)
     t_ctx = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     outcome = run_search(ctx, jobs=jobs)
-    t_search = time.perf_counter() - t1
+    t_search, c_search = time.perf_counter() - t1, time.process_time() - c1
     best = outcome.best
     plan = None
     if best:
         plan, _ev = build_plan(ctx, best.template, best.selection, search_stats(req, ctx.hw, outcome),
                                scored_t_rtt_us=best.t_rtt_us)
-    return outcome, plan, t_ctx, t_search
+    return outcome, plan, t_ctx, t_search, c_search
 
 
 def main(argv=None) -> int:
@@ -70,19 +71,19 @@ def main(argv=None) -> int:
           f", jobs {args.jobs}")
     print(f"warm-up (numba cache load/compile + tiny search): {warm_up():.2f} s")
     header = f"{'hardware':<10} {'variant':<8} {'templates':>9} {'candidates':>12} {'simulations':>12} " \
-             f"{'pruned_bnd':>12} {'pruned_pf':>10} {'search_s':>9} {'setup_s':>8} {'usd/Mtok':>11} {'tpot_ms':>9}"
+             f"{'pruned_bnd':>12} {'pruned_pf':>10} {'search_s':>9} {'cpu_s':>7} {'setup_s':>8} {'usd/Mtok':>11} {'tpot_ms':>9}"
     print(header)
     print("-" * len(header))
     ok = True
     for hname, gpus in hardware:
         ref = None
         for vname, pf, bnb in variants:
-            outcome, plan, t_ctx, t_search = run_variant(gpus, pf, bnb, space, args.jobs)
+            outcome, plan, t_ctx, t_search, c_search = run_variant(gpus, pf, bnb, space, args.jobs)
             c = outcome.counters._asdict()
             usd = plan.usd_per_million_tokens if plan else float("inf")
             tpot = plan.tpot_ms if plan else float("nan")
             print(f"{hname:<10} {vname:<8} {outcome.templates:>9} {c['candidates']:>12,} {c['simulations']:>12,} "
-                  f"{c['pruned_by_bound']:>12,} {c['pruned_by_frontier']:>10,} {t_search:>9.2f} {t_ctx:>8.2f} "
+                  f"{c['pruned_by_bound']:>12,} {c['pruned_by_frontier']:>10,} {t_search:>9.2f} {c_search:>7.2f} {t_ctx:>8.2f} "
                   f"{usd:>11.6g} {tpot:>9.4g}", flush=True)
             key = None if plan is None else plan.model_dump(exclude={"search"})
             if ref is None:
