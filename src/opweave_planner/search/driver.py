@@ -109,8 +109,8 @@ def _single_type(ctx: Compiled, cand: Candidate) -> bool:
 # (gemma-3-27b, 32k, after the coupled bound): 0.36 / 0.65 ms per 2- / 3-owner template over 4
 # configs, 2.1 / 3.1 ms over 16
 TEMPLATE_OVERHEAD = 2.0
-# no ETA before this share of the estimated work is done (at 5 % it read 2.5-3.8x the real
-# remaining time on gemma-3-27b, at 20 % 1.9-2.2x): the first templates carry cache
+# no ETA before this share of the estimated work is done (gemma-3-27b at 32k: at 5 % it read
+# 2.5-3.8x the real remaining time, at 20 % 2.0-2.3x, an overestimate): the first templates carry cache
 # loading (or compilation) and the cheap colocated/two-owner phases
 ETA_AFTER = 0.2
 
