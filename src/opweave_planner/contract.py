@@ -387,13 +387,13 @@ def _hardware(plan: Plan, req):
 def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     """The PlanRequest a plan file records (model, workload, policy, searched space, backend,
     network), with `overrides` (PlanRequest field names; None = keep the plan's)."""
-    from opweave_planner.inputs.request import CTX_ONLY, WORKLOAD_ONLY, make_request
+    from opweave_planner.inputs.request import CTX_ONLY, DEPLOYMENT_ONLY, WORKLOAD_ONLY, make_request
 
     values = recorded_values(plan)
     dist = plan.workload.distribution
     given = {k: v for k, v in overrides.items() if v is not None}
-    if "ctx" in given or "workload" in given:  # another context: its own prompt and output lengths
-        for key in CTX_ONLY:
+    if "ctx" in given or "workload" in given:  # another context: its own prompt and output lengths,
+        for key in (*CTX_ONLY, *DEPLOYMENT_ONLY):  # and the decode plan alone (no prefill pool)
             values.pop(key, None)
     if "ctx" in given:  # re-evaluate at one fixed context: drop the recorded workload settings
         for key in ("workload", *WORKLOAD_ONLY):
