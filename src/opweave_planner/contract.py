@@ -387,7 +387,12 @@ def _hardware(plan: Plan, req):
 def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     """The PlanRequest a plan file records (model, workload, policy, searched space, backend,
     network), with `overrides` (PlanRequest field names; None = keep the plan's)."""
-    from opweave_planner.inputs.request import CTX_ONLY, DEPLOYMENT_ONLY, WORKLOAD_ONLY, make_request
+    from opweave_planner.inputs.request import (
+        CTX_ONLY,
+        DEPLOYMENT_ONLY,
+        WORKLOAD_ONLY,
+        make_request,
+    )
 
     values = recorded_values(plan)
     dist = plan.workload.distribution
