@@ -131,6 +131,7 @@ def test_a_disaggregated_plan_records_both_pools():
     assert dep.usd_per_million_output_tokens_decode + dep.usd_per_million_output_tokens_prefill == pytest.approx(
         dep.usd_per_million_output_tokens_all_in, rel=1e-8)
     assert dep.binding_pool == ("prefill" if pool.usd_per_hour > dep.usd_per_hour else "decode")
+    assert pool.cost_share == pytest.approx(pool.usd_per_hour / total)
     # one instance fewer of the chosen type misses the SLO (N is least)
     if pool.instances > 1:
         tighter = api.make_request(**BASE, policy="colocated", batches="8,16", max_owners=1, prompt_len="7k",

@@ -220,7 +220,8 @@ def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, 
         ttft_ms=rounded(st.percentile_s * 1e3), ttft_mean_ms=rounded(st.mean_s * 1e3),
         wait_mean_ms=rounded(st.wait_mean_s * 1e3), prefill_mean_ms=rounded(float(opt.service_s.mean()) * 1e3),
         handoff_mean_ms=rounded(float(opt.handoff_s.mean()) * 1e3), utilisation=rounded(rho / n),
-        mgc_wait_mean_ms=rounded(check.wait_mean_s * 1e3), options=len(options))
+        mgc_wait_mean_ms=rounded(check.wait_mean_s * 1e3), cost_share=rounded(prefill_usd / total) if total else 0.0,
+        options=len(options))
     record = ArrivalsOut(
         process=req.arrivals, request_rate=req.request_rate, rate=rounded(rate), rate_scale=req.rate_scale,
         target_tokens_per_s=req.target_tokens_per_s if req.arrivals == "poisson" else None,

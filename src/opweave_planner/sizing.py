@@ -190,5 +190,5 @@ def prefill_lines(dep: Deployment) -> list[str]:
         f"USD/M output tokens (decode {dep.usd_per_million_output_tokens_decode:.4f} + prefill "
         f"{dep.usd_per_million_output_tokens_prefill:.4f} + hand-off 0), "
         f"{dep.usd_per_million_input_tokens:.4f} USD/M input tokens (prefill pool); {dep.binding_pool} pool binds "
-        f"the cost",
+        f"the cost (prefill {p.cost_share:.0%})",
     ]

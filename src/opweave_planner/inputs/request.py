@@ -250,7 +250,7 @@ class PlanRequest(BaseModel):
         except (TypeError, ValueError):
             x = math.nan
         if isinstance(v, bool) or not (math.isfinite(x) and x > 0):
-            what = "requests per second" if info.field_name == "request_rate" else "factor"
+            what = "number of requests per second" if info.field_name == "request_rate" else "factor"
             raise UserError(f"{flag_of(info.field_name)}: expected a positive {what}, got {v!r}")
         return x
 

@@ -365,6 +365,7 @@ class PrefillPoolOut(_Frozen):
     utilisation: float = _f("Busy share of the pool over the replay", ge=0)
     mgc_wait_mean_ms: float = _f("Check: the Allen-Cunneen M/G/c mean wait at the same rate and service "
                                  "times, milliseconds", ge=0)
+    cost_share: float = _f("The pool's share of the all-in USD per hour", ge=0, le=1)
     options: StrictInt = _f("(GPU type, TP) options enumerated", ge=1)
 
 
