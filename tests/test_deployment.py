@@ -140,6 +140,14 @@ def test_a_disaggregated_plan_records_both_pools():
         assert (again.usd_per_hour, again.gpus) >= (pool.usd_per_hour, pool.gpus)
     data = plan_bytes(doc)
     assert parse_plan(orjson.loads(data), "p.json").deployment == dep
+    bad = orjson.loads(data)
+    bad["deployment"]["prefill"]["gpus"] += 1
+    with pytest.raises(UserError, match="instances x tensor_parallel"):
+        parse_plan(bad, "p.json")
+    bad = orjson.loads(data)
+    del bad["deployment"]["prefill"]
+    with pytest.raises(UserError, match="come together"):
+        parse_plan(bad, "p.json")
     lines = deployment_lines(dep)
     assert "decode pool" in lines[0] and any("all-in" in x for x in lines)
     assert "(decode pool)" in report.plan_headline(doc)

@@ -397,11 +397,11 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     values = recorded_values(plan)
     dist = plan.workload.distribution
     given = {k: v for k, v in overrides.items() if v is not None}
-    if "ctx" in given or "workload" in given:  # another context: its own prompt and output lengths,
-        for key in (*CTX_ONLY, *DEPLOYMENT_ONLY):  # and the decode plan alone (no prefill pool)
+    if "ctx" in given or "workload" in given:  # another context: its own prompt and output lengths
+        for key in CTX_ONLY:
             values.pop(key, None)
     if "ctx" in given:  # re-evaluate at one fixed context: drop the recorded workload settings
-        for key in ("workload", *WORKLOAD_ONLY):
+        for key in ("workload", *WORKLOAD_ONLY, *DEPLOYMENT_ONLY):  # and the prefill pool (decode alone)
             values.pop(key, None)
     elif "workload" in given:  # another workload: its own shaping, the plan's percentile settings
         from opweave_planner.workload.reader import trace_sha256

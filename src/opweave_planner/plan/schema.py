@@ -368,6 +368,13 @@ class PrefillPoolOut(_Frozen):
     cost_share: float = _f("The pool's share of the all-in USD per hour", ge=0, le=1)
     options: StrictInt = _f("(GPU type, TP) options enumerated", ge=1)
 
+    @model_validator(mode="after")
+    def _gpus_are_instances_times_tp(self) -> PrefillPoolOut:
+        if self.gpus != self.instances * self.tensor_parallel:
+            raise ValueError(f"deployment.prefill.gpus {self.gpus} is not instances x tensor_parallel "
+                             f"({self.instances} x {self.tensor_parallel})")
+        return self
+
 
 class Deployment(_Frozen):
     """How many copies of a plan a target load needs, with GPUs, nodes and cost per hour."""
@@ -408,6 +415,16 @@ class Deployment(_Frozen):
         default=None, ge=0)
     binding_pool: Literal["decode", "prefill"] | None = _f("The pool with the larger cost; schema 1.10",
                                                            default=None)
+
+    @model_validator(mode="after")
+    def _pools_come_together(self) -> Deployment:
+        keys = ("arrivals", "prefill", "usd_per_hour_all_in", "usd_per_million_output_tokens_all_in",
+                "usd_per_million_output_tokens_decode", "usd_per_million_output_tokens_prefill",
+                "usd_per_million_input_tokens", "binding_pool")
+        given = [getattr(self, k) is not None for k in keys]
+        if any(given) != (self.mode is not None) or (self.mode is not None and not all(given)):
+            raise ValueError(f"deployment: mode and {', '.join(keys)} come together (a disaggregated deployment)")
+        return self
 
 
 class Plan(_Frozen):
