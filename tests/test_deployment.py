@@ -160,3 +160,12 @@ def test_a_plan_without_ttft_says_decode_only():
     doc = api.plan(req).plan
     assert doc.deployment.mode is None and doc.schema_version != "1.10"
     assert "(decode only)" in report.plan_headline(doc)
+
+
+def test_poisson_prompts_from_a_law_workload_are_refused_in_one_line():
+    req = api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100", policy="colocated", batches="8,16",
+                           max_owners=1, workload="lognormal:mean=2k,cv=1;out=geometric:mean=200", ttft="1s",
+                           request_rate=2)
+    with pytest.raises(UserError) as exc:
+        api.plan(req)
+    assert "--request-rate with --workload" in str(exc.value) and "\n" not in str(exc.value)

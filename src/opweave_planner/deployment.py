@@ -50,6 +50,7 @@ class PoolOption:
     service_s: np.ndarray
     handoff_s: np.ndarray
     chunk_tokens: int = 0
+    measured_share: float = 1.0  # of the prefill time, from measured or interpolated tables
 
 
 @dataclass(frozen=True)
@@ -140,16 +141,16 @@ def _arrivals(req: PlanRequest, mean_output: float, window: int) -> tuple[Arriva
     return Arrivals(arr.times_s, np.maximum(capped, 1), arr.source), float(rate)
 
 
-def _times(lengths: np.ndarray, one) -> tuple[np.ndarray, np.ndarray]:
-    """(prefill s, hand-off s) per distinct length: exact for few lengths, else linear between
-    log-spaced knots (prefill time is smooth and increasing in the prompt length)."""
-    if lengths.size <= KNOTS:
-        got = [one(int(n)) for n in lengths]
-    else:
-        knots = np.unique(np.geomspace(lengths[0], lengths[-1], KNOTS).round().astype(np.int64))
-        kt = [one(int(n)) for n in knots]
-        got = list(zip(np.interp(lengths, knots, [a for a, _ in kt]), np.interp(lengths, knots, [b for _, b in kt])))
-    return np.array([a for a, _ in got]), np.array([b for _, b in got])
+def _times(lengths: np.ndarray, one) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prefill s, hand-off s, measured share) per distinct length: exact for few lengths, else
+    linear between log-spaced knots (prefill time is smooth and increasing in the prompt length)."""
+    at = lengths
+    if lengths.size > KNOTS:
+        at = np.unique(np.geomspace(lengths[0], lengths[-1], KNOTS).round().astype(np.int64))
+    got = np.array([one(int(n)) for n in at])
+    if at is lengths:
+        return got[:, 0], got[:, 1], got[:, 2]
+    return tuple(np.interp(lengths, at, got[:, k]) for k in range(3))
 
 
 def _options(req: PlanRequest, seq, hw, prompts: np.ndarray) -> list[PoolOption]:
@@ -174,11 +175,13 @@ def _options(req: PlanRequest, seq, hw, prompts: np.ndarray) -> list[PoolOption]
             def one(n, gpu=gpu, tp=tp):
                 e = prefill(seq, gpu, tp, n, profiles_dir=req.profiles, backend=req.backend,
                             moe_routing=req.moe_routing, moe_ep=False, link_gbps=gbps, link_latency_us=lat_us)
-                return e.prefill_ms / 1e3, e.handoff_ms / 1e3
+                return e.prefill_ms / 1e3, e.handoff_ms / 1e3, e.measured_share
 
-            service, handoff = _times(lengths, one)
-            out.append(PoolOption(gpu.id, tp, tp * gpu.price_per_hour, service[inverse], handoff[inverse],
-                                  default_chunk_tokens(gpu)))
+            service, handoff, share = _times(lengths, one)
+            service = service[inverse]
+            measured = float((share[inverse] * service).sum() / service.sum())
+            out.append(PoolOption(gpu.id, tp, tp * gpu.price_per_hour, service, handoff[inverse],
+                                  default_chunk_tokens(gpu), measured))
     return out
 
 
@@ -221,6 +224,7 @@ def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, 
         wait_mean_ms=rounded(st.wait_mean_s * 1e3), prefill_mean_ms=rounded(float(opt.service_s.mean()) * 1e3),
         handoff_mean_ms=rounded(float(opt.handoff_s.mean()) * 1e3), utilisation=rounded(rho / n),
         mgc_wait_mean_ms=rounded(check.wait_mean_s * 1e3), cost_share=rounded(prefill_usd / total) if total else 0.0,
+        measured_share=rounded(opt.measured_share),
         options=len(options))
     record = ArrivalsOut(
         process=req.arrivals, request_rate=req.request_rate, rate=rounded(rate), rate_scale=req.rate_scale,

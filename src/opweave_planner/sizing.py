@@ -185,7 +185,7 @@ def prefill_lines(dep: Deployment) -> list[str]:
         f"  p{p.ttft_percentile:g} TTFT {p.ttft_ms:,.1f} ms <= {p.ttft_slo_ms:g} ms (mean {p.ttft_mean_ms:,.1f}: "
         f"wait {p.wait_mean_ms:,.1f} + prefill {p.prefill_mean_ms:,.1f} + hand-off {p.handoff_mean_ms:,.1f}; "
         f"M/G/c mean wait {p.mgc_wait_mean_ms:,.1f}), utilisation {p.utilisation:.2f}, "
-        f"cheapest of {p.options} (GPU, TP) options",
+        f"cheapest of {p.options} (GPU, TP) options; measured share of the prefill time {p.measured_share:.0%}",
         f"  all-in: {dep.usd_per_hour_all_in:,.2f} USD per hour, {dep.usd_per_million_output_tokens_all_in:.4f} "
         f"USD/M output tokens (decode {dep.usd_per_million_output_tokens_decode:.4f} + prefill "
         f"{dep.usd_per_million_output_tokens_prefill:.4f} + hand-off 0), "

@@ -366,6 +366,8 @@ class PrefillPoolOut(_Frozen):
     mgc_wait_mean_ms: float = _f("Check: the Allen-Cunneen M/G/c mean wait at the same rate and service "
                                  "times, milliseconds", ge=0)
     cost_share: float = _f("The pool's share of the all-in USD per hour", ge=0, le=1)
+    measured_share: float = _f("Share of the prefill time from measured or interpolated kernel tables (the "
+                               "rest fitted or clamped), weighted over the replayed requests", ge=0, le=1)
     options: StrictInt = _f("(GPU type, TP) options enumerated", ge=1)
 
     @model_validator(mode="after")
