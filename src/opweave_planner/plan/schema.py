@@ -362,7 +362,7 @@ class PrefillPoolOut(_Frozen):
     prefill_mean_ms: float = _f("Mean prefill time of a request on one instance, milliseconds", gt=0)
     handoff_mean_ms: float = _f("Mean KV hand-off to the decode pool (prompt KV bytes over the inter-node "
                                 "link + its latency), milliseconds", ge=0)
-    utilisation: float = _f("Busy share of the pool over the replay", ge=0)
+    utilisation: float = _f("Offered load per instance: rate x mean prefill time / instances", ge=0)
     mgc_wait_mean_ms: float = _f("Check: the Allen-Cunneen M/G/c mean wait at the same rate and service "
                                  "times, milliseconds", ge=0)
     cost_share: float = _f("The pool's share of the all-in USD per hour", ge=0, le=1)
