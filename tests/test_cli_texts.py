@@ -73,7 +73,8 @@ def test_simulate_warns_when_the_profiles_lack_a_plan_gpu(plans, tmp_path):
     assert "warning: a100: no measured kernel tables" in ran.err
 
 
-def test_gpus_prints_catalog_names_verbatim(tmp_path):
+def test_gpus_prints_catalog_names_verbatim(tmp_path, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # a log's width (pytest-xdist sets COLUMNS=80)
     cat = tmp_path / "cat.toml"
     cat.write_text('[gpus.x1]\nname = "My [GPU] [bold]x"\nmemory_gb = 24\nbandwidth_gbps = 900\n'
                    'bf16_tflops = 100\nfp8_tflops = 200\nprice_per_hour = 1.0\ngpus_per_node = 8\n'

@@ -34,7 +34,7 @@ def console(stderr: bool = False, file=None):
     from rich.console import Console
 
     con = Console(stderr=stderr, file=file, highlight=False)
-    if not con.is_terminal and "COLUMNS" not in os.environ:
+    if not con.is_terminal and not os.environ.get("COLUMNS"):  # rich ignores an empty one
         con = Console(stderr=stderr, file=file, highlight=False, width=WIDE, soft_wrap=True)
     return con
 

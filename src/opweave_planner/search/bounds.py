@@ -10,6 +10,8 @@ evaluator, at the optimistic microbatch and the fastest link still possible.
 
 from __future__ import annotations
 
+import numpy as np
+
 from opweave_planner.jit import kernel
 from opweave_planner.search.evaluate import transfer_occupancy
 
@@ -51,3 +53,44 @@ def lower_bound(ot, pts, sc, level, B, mu, link_bw, link_lat):
     for o in range(k):
         t_lb = max(t_lb, eg[o], ing[o])
     return t_lb, rsum, gpus
+
+
+@kernel(refcount=False)
+def coupled_exceeds(pts, depth, mu, t_lb, r_fixed, r_min_rest, thr, slo_cap):
+    """True when every completion of owners >= depth costs more than `thr` or misses the SLO.
+
+    A completion's T is at least tau* = max(t_lb, mu x each remaining owner's stage-time sum),
+    and each remaining owner's r is at least f_o(tau*), the least r of its points no slower
+    than tau*/mu (its staircase). So cost >= min over tau >= t_lb of tau (r_fixed + sum f_o(tau));
+    f_o is a step function, so the minimum lies on the merged breakpoints, walked ascending.
+    Unlike `lower_bound` x the summed minimum r, this couples each owner's time and rate."""
+    k = pts.count.shape[0]
+    pt, pr, pn, idx = pts.prof_t, pts.prof_r, pts.prof_n, pts.pidx
+    tau = t_lb
+    for o in range(depth, k):
+        i = 0
+        while i < pn[o] and mu * pt[o, i] <= tau:
+            i += 1
+        idx[o] = i
+    while True:
+        # f_o only falls as tau grows: past these, no larger tau can help
+        if tau > slo_cap or tau * (r_fixed + r_min_rest) > thr:
+            return True
+        s, reach = r_fixed, True
+        for o in range(depth, k):
+            if idx[o] == 0:
+                reach = False
+                break
+            s += pr[o, idx[o] - 1]
+        if reach and tau * s <= thr:
+            return False
+        nxt = np.inf
+        for o in range(depth, k):
+            if idx[o] < pn[o]:
+                nxt = min(nxt, mu * pt[o, idx[o]])
+        if nxt == np.inf:
+            return True
+        tau = nxt
+        for o in range(depth, k):
+            while idx[o] < pn[o] and mu * pt[o, idx[o]] <= tau:
+                idx[o] += 1

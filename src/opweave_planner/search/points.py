@@ -51,6 +51,12 @@ class Points(NamedTuple):
     min_rho: np.ndarray
     min_bh: np.ndarray
     keep: np.ndarray  # bool[pmax]: frontier scratch
+    # the owner's time/rate staircase (coupled bound): stage-time sums ascending, each entry's
+    # r the least cost rate of any point no slower than it (so r descends)
+    prof_t: np.ndarray  # float64[k, pmax]
+    prof_r: np.ndarray  # float64[k, pmax]
+    prof_n: np.ndarray  # int64[k]
+    pidx: np.ndarray  # int64[k]: bound scratch
 
 
 @kernel(inline=True)
@@ -112,7 +118,8 @@ def new_points(p):
                   n=np.zeros((k, pmax), np.int64), bh=np.zeros((k, pmax), np.int64), r=np.zeros((k, pmax)),
                   rho=np.zeros((k, pmax)), total=np.zeros((k, pmax)), count=np.zeros(k, np.int64),
                   min_total=np.empty(k), min_r=np.empty(k), min_rho=np.empty(k), min_bh=np.empty(k),
-                  keep=np.empty(pmax, np.bool_))
+                  keep=np.empty(pmax, np.bool_), prof_t=np.zeros((k, pmax)), prof_r=np.zeros((k, pmax)),
+                  prof_n=np.zeros(k, np.int64), pidx=np.zeros(k, np.int64))
 
 
 @kernel(inline=True, refcount=False)
@@ -216,9 +223,20 @@ def _swap(arr, a, b):
     arr[a], arr[b] = arr[b], arr[a]
 
 
+@kernel(inline=True, refcount=False)
+def point_minima(pts, o):
+    """The per-owner minima the bounds assume for an owner still open."""
+    ptot, pr, prho, pbh = pts.total[o], pts.r[o], pts.rho[o], pts.bh[o]
+    # minima by a loop, not ndarray.min(): each numpy reduction compiles its own generic code
+    mt, mr, mrho, mbh = ptot[0], pr[0], prho[0], pbh[0]
+    for a in range(1, pts.count[o]):
+        mt, mr, mrho, mbh = min(mt, ptot[a]), min(mr, pr[a]), min(mrho, prho[a]), min(mbh, pbh[a])
+    pts.min_total[o], pts.min_r[o], pts.min_rho[o], pts.min_bh[o] = mt, mr, mrho, mbh
+
+
 @kernel(refcount=False)
 def sort_points(pts, o):
-    """Insertion sort by (r, rho, b, sum T, config, n), then the per-owner minima."""
+    """Insertion sort by (r, rho, b, sum T, config, n), then the per-owner minima and staircase."""
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     for a in range(1, pts.count[o]):
         j = a
@@ -228,8 +246,15 @@ def sort_points(pts, o):
             for arri in (pc, pm, pn, pbh):
                 _swap(arri, j, j - 1)
             j -= 1
-    # minima by a loop, not ndarray.min(): each numpy reduction compiles its own generic code
-    mt, mr, mrho, mbh = ptot[0], pr[0], prho[0], pbh[0]
-    for a in range(1, pts.count[o]):
-        mt, mr, mrho, mbh = min(mt, ptot[a]), min(mr, pr[a]), min(mrho, prho[a]), min(mbh, pbh[a])
-    pts.min_total[o], pts.min_r[o], pts.min_rho[o], pts.min_bh[o] = mt, mr, mrho, mbh
+    point_minima(pts, o)
+    # staircase: in r order, a point enters when it is faster than every cheaper one
+    prof_t, prof_r, w, fastest = pts.prof_t[o], pts.prof_r[o], 0, np.inf
+    for a in range(pts.count[o]):
+        if ptot[a] < fastest:
+            fastest = ptot[a]
+            prof_t[w], prof_r[w] = ptot[a], pr[a]
+            w += 1
+    for a in range(w // 2):  # reverse: times ascending
+        _swap(prof_t, a, w - 1 - a)
+        _swap(prof_r, a, w - 1 - a)
+    pts.prof_n[o] = w

@@ -17,7 +17,7 @@ import numpy as np
 
 from opweave_planner.compile.problem import PRUNE_EPS, Problem, objective_flags
 from opweave_planner.jit import entry, kernel
-from opweave_planner.search.bounds import lower_bound
+from opweave_planner.search.bounds import coupled_exceeds, lower_bound
 from opweave_planner.search.evaluate import (
     NODE_TOL,
     evaluate_into,
@@ -35,6 +35,7 @@ from opweave_planner.search.points import (
     new_points,
     owner_tables,
     pareto_filter,
+    point_minima,
     sort_points,
 )
 from opweave_planner.search.state import Counters, SearchResult, Selection
@@ -136,6 +137,15 @@ def walk(caps, fab, ot, pts, sc, B, mu, opt_link):
             if t_lb > slo_cap or gpus > gpu_cap or t_lb * rsum > incumbent * factor:
                 counters[C_BOUND] += 1
                 continue
+            if use_bnb and depth < k:
+                r_fixed, r_rest = 0.0, 0.0
+                for o in range(depth):
+                    r_fixed += r[o, sel[o]]
+                for o in range(depth, k):
+                    r_rest += min_r[o]
+                if coupled_exceeds(pts, depth, mu, t_lb, r_fixed, r_rest, incumbent * factor, slo_cap):
+                    counters[C_BOUND] += 1
+                    continue
         if depth < k:
             level = depth
             sel[level] = -1
@@ -187,6 +197,13 @@ def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
             # a single-node plan is still possible: bounds must assume the faster link
             one_node = k > 1 and B * rho_floor <= node_max + NODE_TOL
             opt_link = (max(fab.bw, intra_max), min(fab.lat, fab.intra_lat)) if one_node else (fab.bw, fab.lat)
+            if use_bnb:  # the root bound before the frontier and the sort (both quadratic)
+                for o in range(k):
+                    point_minima(pts, o)
+                t_lb, rsum, gpus = lower_bound(ot, pts, sc, 0, B, mu, opt_link[0], opt_link[1] + tx_min)
+                if t_lb > caps.slo or gpus > caps.gpus or t_lb * rsum > sc.best_f[3] * caps.cost_factor:
+                    sc.counters[C_BOUND] += 1
+                    continue
             for o in range(k):
                 if use_pareto and pts.count[o] > 1:
                     pareto_filter(fab, ot, o, not one_node, pts, sc.counters)
