@@ -154,7 +154,7 @@ def _times(lengths: np.ndarray, one) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def _options(req: PlanRequest, seq, hw, prompts: np.ndarray) -> list[PoolOption]:
-    from opweave_planner.compile.space import node_size
+    from opweave_planner.compile.tables import configurations
     from opweave_planner.latency.memory import usable_bytes
     from opweave_planner.latency.prefill import default_chunk_tokens, prefill
 
@@ -163,25 +163,22 @@ def _options(req: PlanRequest, seq, hw, prompts: np.ndarray) -> list[PoolOption]
     gbps = req.network_bandwidth if req.network_bandwidth is not None else DEFAULT_LINK_GBPS
     lat_us = req.network_latency if req.network_latency is not None else DEFAULT_LINK_US
     out = []
-    for gid in req.gpus:
-        gpu = hw.resolve(gid)
-        for tp in req.tensor_parallel_sizes:
-            if tp > node_size(gpu, req):
-                continue
-            if need > tp * usable_bytes(gpu, tp, utilization=req.gpu_memory_utilization,
-                                        reserve_gb=req.memory_reserve_gb):
-                continue
+    for cfg in configurations(seq, hw, req):  # the searched (GPU type, TP) that fit a node
+        gpu, tp = cfg.gpu, cfg.parallel.tp
+        if cfg.parallel.moe_ep or need > tp * usable_bytes(gpu, tp, utilization=req.gpu_memory_utilization,
+                                                           reserve_gb=req.memory_reserve_gb):
+            continue
 
-            def one(n, gpu=gpu, tp=tp):
-                e = prefill(seq, gpu, tp, n, profiles_dir=req.profiles, backend=req.backend,
-                            moe_routing=req.moe_routing, moe_ep=False, link_gbps=gbps, link_latency_us=lat_us)
-                return e.prefill_ms / 1e3, e.handoff_ms / 1e3, e.measured_share
+        def one(n, gpu=gpu, tp=tp):
+            e = prefill(seq, gpu, tp, n, profiles_dir=req.profiles, backend=req.backend,
+                        moe_routing=req.moe_routing, moe_ep=False, link_gbps=gbps, link_latency_us=lat_us)
+            return e.prefill_ms / 1e3, e.handoff_ms / 1e3, e.measured_share
 
-            service, handoff, share = _times(lengths, one)
-            service = service[inverse]
-            measured = float((share[inverse] * service).sum() / service.sum())
-            out.append(PoolOption(gpu.id, tp, tp * gpu.price_per_hour, service, handoff[inverse],
-                                  default_chunk_tokens(gpu), measured))
+        service, handoff, share = _times(lengths, one)
+        service = service[inverse]
+        measured = float((share[inverse] * service).sum() / service.sum())
+        out.append(PoolOption(gpu.id, tp, tp * gpu.price_per_hour, service, handoff[inverse],
+                              default_chunk_tokens(gpu), measured))
     return out
 
 
