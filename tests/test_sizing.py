@@ -176,12 +176,12 @@ def test_summary_lines():
     plan = read_plan(GOLDEN / "llama-3.1-8b_afd_h100+a100_v1.1.json")
     dep = size_deployment(plan, target_tokens_per_s=50000, gpus_per_node=NODE8)
     lines = deployment_lines(dep)
-    assert lines[0].startswith(f"deployment for 50,000 tokens/s: {dep.copies} copies of the plan")
+    assert lines[0].startswith(f"deployment (decode only) for 50,000 tokens/s: {dep.copies} copies of the plan")
     assert len(lines) == 2 + len(dep.owners) + 1
     o0 = plan.owners[0]
     assert lines[1].startswith(f"  owner 0: {dep.owners[0].replicas}x {o0.gpu} TP{o0.tensor_parallel} = "
                                f"{dep.owners[0].gpus} GPUs, ")
     assert f"{dep.gpus_total} GPUs (" in lines[-2] and f"on {dep.nodes_total} nodes" in lines[-2]
-    assert lines[-1] == f"  cost: {dep.usd_per_hour:,.2f} USD per hour"
+    assert lines[-1] == f"  cost: {dep.usd_per_hour:,.2f} USD per hour (decode only)"
     one = deployment_lines(size_deployment(plan, target_concurrency=1, gpus_per_node=NODE8))
     assert "1 copy of the plan" in one[0] and "for 1 concurrent request:" in one[0]

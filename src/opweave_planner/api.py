@@ -175,16 +175,21 @@ def _simplest(outcome, slack: float):
 
 
 def sized(doc, req: PlanRequest, hw: Hardware):
-    """`doc` with its deployment for the request's target load, if it names one."""
+    """`doc` with its deployment for the request's target load, if it names one; with --ttft the
+    whole disaggregated deployment (a prefill pool beside the decode copies)."""
     from opweave_planner.compile.space import node_size
     from opweave_planner.plan import plan_version
     from opweave_planner.sizing import size_deployment
 
+    per_node = {g.id: node_size(g, req) for g in hw.gpus}
+    if req.disaggregated:
+        from opweave_planner.deployment import whole_deployment
+
+        return whole_deployment(doc, req, hw, per_node)
     if req.target_tokens_per_s is None and req.target_concurrency is None:
         return doc
     dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
-                          target_concurrency=req.target_concurrency,
-                          gpus_per_node={g.id: node_size(g, req) for g in hw.gpus})
+                          target_concurrency=req.target_concurrency, gpus_per_node=per_node)
     doc = doc.model_copy(update={"deployment": dep})
     return doc.model_copy(update={"schema_version": plan_version(doc)})
 

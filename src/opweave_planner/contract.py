@@ -387,7 +387,12 @@ def _hardware(plan: Plan, req):
 def recorded_request(plan: Plan | Infeasible, **overrides: Any):
     """The PlanRequest a plan file records (model, workload, policy, searched space, backend,
     network), with `overrides` (PlanRequest field names; None = keep the plan's)."""
-    from opweave_planner.inputs.request import CTX_ONLY, WORKLOAD_ONLY, make_request
+    from opweave_planner.inputs.request import (
+        CTX_ONLY,
+        DEPLOYMENT_ONLY,
+        WORKLOAD_ONLY,
+        make_request,
+    )
 
     values = recorded_values(plan)
     dist = plan.workload.distribution
@@ -396,7 +401,7 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
         for key in CTX_ONLY:
             values.pop(key, None)
     if "ctx" in given:  # re-evaluate at one fixed context: drop the recorded workload settings
-        for key in ("workload", *WORKLOAD_ONLY):
+        for key in ("workload", *WORKLOAD_ONLY, *DEPLOYMENT_ONLY):  # and the prefill pool (decode alone)
             values.pop(key, None)
     elif "workload" in given:  # another workload: its own shaping, the plan's percentile settings
         from opweave_planner.workload.reader import trace_sha256

@@ -183,11 +183,18 @@ def kv_event_words(plan: Any) -> str | None:
             f"(kv-quantile {_get(dist, 'kv_quantile'):g})")
 
 
+def _cost_scope(plan: Any) -> str:
+    """What the plan's cost covers: the decode pool of a disaggregated deployment, else decode only."""
+    dep = _get(plan, "deployment")
+    return "decode pool" if dep is not None and _get(dep, "mode") == "disaggregated" else "decode only"
+
+
 def plan_headline(plan: Any) -> str:
     wl = _get(plan, "workload")
     owners = _get(plan, "owners") or []
     return (f"{_get(plan, 'model')} {workload_words(wl)}, SLO {_get(wl, 'tpot_slo_ms'):g} ms, "
-            f"policy {_get(plan, 'policy')}: {_get(plan, 'usd_per_million_tokens'):.4f} USD/M tokens, "
+            f"policy {_get(plan, 'policy')}: {_get(plan, 'usd_per_million_tokens'):.4f} USD/M tokens "
+            f"({_cost_scope(plan)}), "
             f"{tpot_words(plan)}, {_get(plan, 'gpus_total')} GPUs ({gpu_mix(owners)}), "
             f"{_get(plan, 'num_stages')} stages, B={_get(plan, 'global_batch')}, "
             f"mu={_get(plan, 'microbatches')}")

@@ -156,7 +156,8 @@ def deployment_lines(dep: Deployment) -> list[str]:
                f"{dep.target_concurrency:,} concurrent request{'s' if dep.target_concurrency != 1 else ''}"
                if dep.target_concurrency is not None else ""]
     want = " and ".join(t for t in targets if t)
-    lines = [f"deployment for {want}: {dep.copies} cop{'y' if dep.copies == 1 else 'ies'} of the plan "
+    pool = "decode pool" if dep.mode == "disaggregated" else "decode only"
+    lines = [f"deployment ({pool}) for {want}: {dep.copies} cop{'y' if dep.copies == 1 else 'ies'} of the plan "
              f"(each {_count(dep.tokens_per_s_per_copy)} tokens/s, {dep.concurrency_per_copy:,} requests), "
              f"capacity {_count(dep.tokens_per_s)} tokens/s, {dep.concurrency:,} requests"]
     for o in dep.owners:
@@ -167,5 +168,27 @@ def deployment_lines(dep: Deployment) -> list[str]:
     nodes = ", ".join(f"{g} {n}" for g, n in dep.nodes_by_type.items())
     lines.append(f"  {dep.gpus_total} GPUs ({by_type}) on {dep.nodes_total} node{'s' if dep.nodes_total != 1 else ''} "
                  f"({nodes}; {dep.node_rule})")
-    lines.append(f"  cost: {dep.usd_per_hour:,.2f} USD per hour")
+    lines.append(f"  cost: {dep.usd_per_hour:,.2f} USD per hour ({pool})")
+    if dep.mode == "disaggregated":
+        lines += prefill_lines(dep)
     return lines
+
+
+def prefill_lines(dep: Deployment) -> list[str]:
+    """The prefill pool and the all-in cost of a disaggregated deployment."""
+    a, p = dep.arrivals, dep.prefill
+    src = f"trace x{a.rate_scale or 1:g}" if a.process == "trace" else f"Poisson, seed {a.seed}"
+    return [
+        f"prefill pool for {a.rate:.4g} requests/s ({src}, {a.requests:,} replayed, mean prompt "
+        f"{a.mean_prompt_tokens:,.0f} tokens): {p.instances}x {p.gpu} TP{p.tensor_parallel} = {p.gpus} GPU{'s' if p.gpus != 1 else ''}, "
+        f"{p.usd_per_hour:,.2f} USD/h",
+        f"  p{p.ttft_percentile:g} TTFT {p.ttft_ms:,.1f} ms <= {p.ttft_slo_ms:g} ms (mean {p.ttft_mean_ms:,.1f}: "
+        f"wait {p.wait_mean_ms:,.1f} + prefill {p.prefill_mean_ms:,.1f} + hand-off {p.handoff_mean_ms:,.1f}; "
+        f"M/G/c mean wait {p.mgc_wait_mean_ms:,.1f}), utilisation {p.utilisation:.2f}, "
+        f"cheapest of {p.options} (GPU, TP) options; measured share of the prefill time {p.measured_share:.0%}",
+        f"  all-in: {dep.usd_per_hour_all_in:,.2f} USD per hour, {dep.usd_per_million_output_tokens_all_in:.4f} "
+        f"USD/M output tokens (decode {dep.usd_per_million_output_tokens_decode:.4f} + prefill "
+        f"{dep.usd_per_million_output_tokens_prefill:.4f} + hand-off 0), "
+        f"{dep.usd_per_million_input_tokens:.4f} USD/M input tokens (prefill pool); {dep.binding_pool} pool binds "
+        f"the cost (prefill {p.cost_share:.0%})",
+    ]

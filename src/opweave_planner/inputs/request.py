@@ -28,6 +28,9 @@ MAX_GPU_BUDGET = 4096
 DEFAULT_RESERVE_GB = 3.5  # framework + CUDA context + allocator slack per GPU (aiconfigurator's figure)
 
 
+ARRIVALS = ("poisson", "trace")
+
+
 class Policy(StrEnum):
     OPWEAVE = "opweave"
     COLOCATED = "colocated"
@@ -134,6 +137,18 @@ class PlanRequest(BaseModel):
     target_concurrency: int | None = _setting(
         "Size a deployment for this many concurrent requests (whole copies of the plan, rounded up)",
         ge=1, le=10_000_000)
+    ttft: float | None = _setting(
+        "TTFT SLO with a unit (1s, 800ms): plan the whole disaggregated deployment, a prefill pool sized "
+        "for it beside the decode pool (needs --request-rate, --arrivals trace or --target-tokens-per-s; "
+        "stored in milliseconds)", cli="str")
+    ttft_percentile: float | None = _setting("Percentile of TTFT that must meet --ttft (default 95)", cli="str")
+    request_rate: float | None = _setting("Poisson arrivals at this many requests per second (with --ttft)",
+                                          cli="str")
+    arrivals: str = _setting("Arrival process with --ttft: poisson (at --request-rate, or the rate "
+                             "--target-tokens-per-s implies) or trace (the --workload trace's timestamps)",
+                             default="poisson")
+    rate_scale: float | None = _setting("With --arrivals trace: replay the trace this many times faster "
+                                        "(default 1)", cli="str")
     prices: str | None = _setting("TOML/JSON file: GPU id -> USD per GPU-hour")
     catalog: str | None = _setting("TOML/JSON file adding or overriding GPU types")
     profiles: str | None = _setting("Latency profile folder (default: shipped)")
@@ -206,6 +221,46 @@ class PlanRequest(BaseModel):
         if isinstance(v, bool) or not (0 < x < 1):
             raise UserError(f"--preemptions-per-request: expected a number in (0, 1), e.g. 1e-4, got {v!r}")
         return x
+
+    @field_validator("ttft", mode="before")
+    @classmethod
+    def _ttft(cls, v: Any) -> float | None:
+        if v is None:
+            return None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not math.isfinite(v) or v <= 0:
+                raise UserError(f"--ttft: '{v}' must be a finite positive number of milliseconds")
+            return float(v)
+        return units.parse_duration_ms(v, "--ttft")
+
+    @field_validator("ttft_percentile", mode="before")
+    @classmethod
+    def _ttft_percentile(cls, v: Any) -> float | None:
+        from opweave_planner.workload.spec import parse_percentile
+
+        return None if v is None else parse_percentile(v, "--ttft-percentile")
+
+    @field_validator("request_rate", "rate_scale", mode="before")
+    @classmethod
+    def _positive(cls, v: Any, info) -> float | None:
+        if v is None:
+            return None
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            x = math.nan
+        if isinstance(v, bool) or not (math.isfinite(x) and x > 0):
+            what = "number of requests per second" if info.field_name == "request_rate" else "factor"
+            raise UserError(f"{flag_of(info.field_name)}: expected a positive {what}, got {v!r}")
+        return x
+
+    @field_validator("arrivals", mode="before")
+    @classmethod
+    def _arrivals(cls, v: Any) -> str:
+        text = str(v).strip().lower()
+        if text not in ARRIVALS:
+            raise UserError(f"--arrivals: '{v}' unknown; expected {' or '.join(ARRIVALS)}")
+        return text
 
     @field_validator("policy", mode="before")
     @classmethod
@@ -333,6 +388,36 @@ class PlanRequest(BaseModel):
                           overflow=self.overflow, shape=self.max_model_len is not None)
         return self
 
+    @model_validator(mode="after")
+    def _deployment_settings(self) -> PlanRequest:
+        if self.ttft is None:
+            for name in ("ttft_percentile", "request_rate", "rate_scale"):
+                if getattr(self, name) is not None:
+                    raise UserError(f"{flag_of(name)}: only applies with --ttft (a whole deployment)")
+            if self.arrivals != "poisson":
+                raise UserError("--arrivals: only applies with --ttft (a whole deployment)")
+            return self
+        if self.arrivals == "trace":
+            if self.workload is None:
+                raise UserError("--arrivals trace: needs --workload, a trace file with timestamps")
+            for name in ("request_rate", "target_tokens_per_s"):
+                if getattr(self, name) is not None:
+                    raise UserError(f"{flag_of(name)}: give it or --arrivals trace, not both (a trace has its own "
+                                    f"rate; --rate-scale changes it)")
+        else:
+            if self.rate_scale is not None:
+                raise UserError("--rate-scale: only applies with --arrivals trace")
+            if self.request_rate is not None and self.target_tokens_per_s is not None:
+                raise UserError("--request-rate: give it or --target-tokens-per-s, not both (the rate sets the "
+                                "output throughput: rate x mean output)")
+            if self.request_rate is None and self.target_tokens_per_s is None:
+                raise UserError("--ttft: needs an arrival rate: --request-rate, --arrivals trace or "
+                                "--target-tokens-per-s")
+        if self.ctx is not None and self.lengths is None:
+            raise UserError("--ttft: with --ctx, give --prompt-len and/or --output-len (a prompt's length "
+                            "sets its prefill time)")
+        return self
+
     def _lengths_fit(self) -> None:
         """One of --prompt-len / --output-len takes the rest of --ctx; both must leave a token each."""
         p, o = self.prompt_len, self.output_len
@@ -373,6 +458,16 @@ class PlanRequest(BaseModel):
         return 95.0 if self.slo_percentile is None else self.slo_percentile
 
     @property
+    def disaggregated(self) -> bool:
+        """A whole deployment: a prefill pool under a TTFT SLO beside the decode pool (--ttft)."""
+        return self.ttft is not None
+
+    @property
+    def ttft_at(self) -> float:
+        """The TTFT percentile in effect (95 unless given)."""
+        return 95.0 if self.ttft_percentile is None else self.ttft_percentile
+
+    @property
     def lengths(self) -> tuple[int, int] | None:
         """(prompt, output) tokens of a fixed-context request when either was given, else None."""
         if self.ctx is None or (self.prompt_len is None and self.output_len is None):
@@ -398,6 +493,8 @@ WORKLOAD_ONLY = ("scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv
                  "preemptions_per_request", "scenarios", "seed")
 # settings of a fixed context: refused with --workload
 CTX_ONLY = ("prompt_len", "output_len")
+# settings of the whole (disaggregated) deployment, beside the decode search
+DEPLOYMENT_ONLY = ("ttft", "ttft_percentile", "request_rate", "arrivals", "rate_scale")
 
 
 def with_model_window(req: PlanRequest, max_context: int | None) -> PlanRequest:

@@ -89,6 +89,12 @@ TABLE = (
                    "(NCCL buffers by TP come on top); the largest of memory_reserve_gb_by_gpu when that is "
                    "present"),
     Recorded(None, SPACE + "memory_reserve_gb_by_gpu", 5),  # declared in schema.py: no flag sets it
+    Recorded("ttft", "deployment.prefill.ttft_slo_ms", 10, "TTFT SLO ms"),
+    Recorded("ttft_percentile", "deployment.prefill.ttft_percentile", 10, "ttft-percentile"),
+    Recorded("request_rate", "deployment.arrivals.request_rate", 10, "request-rate"),
+    Recorded("arrivals", "deployment.arrivals.process", 10, "arrivals"),
+    Recorded("rate_scale", "deployment.arrivals.rate_scale", 10, "rate-scale"),
+    Recorded("target_tokens_per_s", "deployment.arrivals.target_tokens_per_s", 10, "target-tokens-per-s"),
     Recorded("backend", "provenance.backend"),
     Recorded("network_bandwidth", "provenance.network.inter_node_gbps"),
     Recorded("network_latency", "provenance.network.inter_node_latency_us"),

@@ -22,10 +22,11 @@ from opweave_planner.plan.request import SPACE, SPACE_ROWS, Recorded
 __all__ = [
     "SCHEMA_MAJOR", "SCHEMA_VERSION", "NAME_PATTERN", "Name", "PolicyName", "Plan", "Infeasible",
     "Alternative", "Workload", "Distribution", "TpotStats", "KvEventsOut", "OwnerOut", "StageOut", "TemplateOut", "Metrics",
-    "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment", "BindingOut",
+    "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment", "BindingOut", "ArrivalsOut",
+    "PrefillPoolOut",
 ]
 
-SCHEMA_VERSION = "1.9"
+SCHEMA_VERSION = "1.10"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -324,6 +325,59 @@ class OwnerDeployment(_Frozen):
     usd_per_hour: float = _f("Price of this owner's GPUs, USD per hour", ge=0)
 
 
+class ArrivalsOut(_Frozen):
+    """The arrival process a disaggregated deployment was sized for (schema 1.10), recorded as a
+    workload is: what it was, its rate, how many requests were replayed."""
+
+    process: Literal["poisson", "trace"] = _f("poisson: seeded exponential gaps; trace: the --workload "
+                                              "trace's own timestamps")
+    request_rate: float | None = _f("--request-rate, requests per second (absent: the rate came from "
+                                    "--target-tokens-per-s or the trace)", default=None, gt=0)
+    target_tokens_per_s: float | None = _f("--target-tokens-per-s the Poisson rate came from (rate = it / mean "
+                                           "output tokens)", default=None, gt=0)
+    rate: float = _f("Mean arrival rate the pools are sized for, requests per second", gt=0)
+    rate_scale: float | None = _f("--rate-scale of a trace replay (absent: 1 or Poisson)", default=None, gt=0)
+    requests: StrictInt = _f("Requests replayed through the prefill pool", ge=1)
+    seed: Count | None = _f("Seed of the Poisson arrivals", default=None)
+    mean_prompt_tokens: float = _f("Mean prompt tokens of the replayed requests", gt=0)
+    mean_output_tokens: float = _f("Mean output tokens per request (the decode pool's throughput is rate x "
+                                   "this)", gt=0)
+
+
+class PrefillPoolOut(_Frozen):
+    """The prefill pool of a disaggregated deployment (schema 1.10): N instances of one (GPU type,
+    TP) group, the cheapest of the enumeration whose replayed TTFT meets the SLO at its percentile."""
+
+    gpu: Name = _f("GPU type id")
+    tensor_parallel: StrictInt = _f("GPUs per prefill instance", ge=1)
+    instances: StrictInt = _f("Prefill instances: the least count meeting the TTFT SLO for this (GPU, TP)", ge=1)
+    gpus: StrictInt = _f("GPUs of the pool: instances x tensor_parallel", ge=1)
+    usd_per_hour: float = _f("Price of the pool, USD per hour", ge=0)
+    chunk_tokens: Count = _f("Prefill chunk (tokens per step) the prefill times assume")
+    ttft_slo_ms: float = _f("--ttft, milliseconds", gt=0)
+    ttft_percentile: float = _f("Percentile of TTFT held to the SLO", gt=0, lt=100)
+    ttft_ms: float = _f("Replayed TTFT at that percentile (wait + prefill + hand-off), milliseconds", ge=0)
+    ttft_mean_ms: float = _f("Replayed mean TTFT, milliseconds", ge=0)
+    wait_mean_ms: float = _f("Replayed mean queueing wait, milliseconds", ge=0)
+    prefill_mean_ms: float = _f("Mean prefill time of a request on one instance, milliseconds", gt=0)
+    handoff_mean_ms: float = _f("Mean KV hand-off to the decode pool (prompt KV bytes over the inter-node "
+                                "link + its latency), milliseconds", ge=0)
+    utilisation: float = _f("Offered load per instance: rate x mean prefill time / instances", ge=0)
+    mgc_wait_mean_ms: float = _f("Check: the Allen-Cunneen M/G/c mean wait at the same rate and service "
+                                 "times, milliseconds", ge=0)
+    cost_share: float = _f("The pool's share of the all-in USD per hour", ge=0, le=1)
+    measured_share: float = _f("Share of the prefill time from measured or interpolated kernel tables (the "
+                               "rest fitted or clamped), weighted over the replayed requests", ge=0, le=1)
+    options: StrictInt = _f("(GPU type, TP) options enumerated", ge=1)
+
+    @model_validator(mode="after")
+    def _gpus_are_instances_times_tp(self) -> PrefillPoolOut:
+        if self.gpus != self.instances * self.tensor_parallel:
+            raise ValueError(f"deployment.prefill.gpus {self.gpus} is not instances x tensor_parallel "
+                             f"({self.instances} x {self.tensor_parallel})")
+        return self
+
+
 class Deployment(_Frozen):
     """How many copies of a plan a target load needs, with GPUs, nodes and cost per hour."""
 
@@ -342,7 +396,37 @@ class Deployment(_Frozen):
     nodes_by_type: dict[str, int] = _f("Nodes per GPU type")
     node_rule: str = _f("How nodes were counted: whole copies per node (stage link intra_node) or nodes "
                         "per owner group")
-    usd_per_hour: float = _f("Cost of the deployment, USD per hour", ge=0)
+    usd_per_hour: float = _f("Cost of the decode pool (the whole deployment when mode is absent: decode "
+                             "only), USD per hour", ge=0)
+    mode: Literal["disaggregated"] | None = _f(
+        "disaggregated: a prefill pool (prefill) beside these decode copies, sized for the arrivals; absent: "
+        "decode only (prefill not planned); added in schema 1.10", default=None)
+    arrivals: ArrivalsOut | None = _f("The arrivals both pools are sized for; schema 1.10", default=None)
+    prefill: PrefillPoolOut | None = _f("The prefill pool; schema 1.10", default=None)
+    usd_per_hour_all_in: float | None = _f("Decode + prefill + hand-off, USD per hour (the hand-off link has "
+                                           "no price in the catalog: 0); schema 1.10", default=None, ge=0)
+    usd_per_million_output_tokens_all_in: float | None = _f(
+        "usd_per_hour_all_in per million output tokens at the arrival rate (rate x mean output); schema 1.10",
+        default=None, ge=0)
+    usd_per_million_output_tokens_decode: float | None = _f("The decode pool's share of it; schema 1.10",
+                                                            default=None, ge=0)
+    usd_per_million_output_tokens_prefill: float | None = _f("The prefill pool's share of it; schema 1.10",
+                                                             default=None, ge=0)
+    usd_per_million_input_tokens: float | None = _f(
+        "The prefill pool's USD per hour per million prompt tokens at the arrival rate; schema 1.10",
+        default=None, ge=0)
+    binding_pool: Literal["decode", "prefill"] | None = _f("The pool with the larger cost; schema 1.10",
+                                                           default=None)
+
+    @model_validator(mode="after")
+    def _pools_come_together(self) -> Deployment:
+        keys = ("arrivals", "prefill", "usd_per_hour_all_in", "usd_per_million_output_tokens_all_in",
+                "usd_per_million_output_tokens_decode", "usd_per_million_output_tokens_prefill",
+                "usd_per_million_input_tokens", "binding_pool")
+        given = [getattr(self, k) is not None for k in keys]
+        if any(given) != (self.mode is not None) or (self.mode is not None and not all(given)):
+            raise ValueError(f"deployment: mode and {', '.join(keys)} come together (a disaggregated deployment)")
+        return self
 
 
 class Plan(_Frozen):

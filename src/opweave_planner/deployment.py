@@ -1,0 +1,239 @@
+"""The whole disaggregated deployment: a prefill pool sized for a TTFT SLO beside the decode plan.
+
+The decode pool is the searched plan, sized by `sizing` for the output throughput the arrivals
+imply (rate x mean output tokens). The prefill pool is N instances of one (GPU type, TP) group:
+every request is prefilled on one instance (`latency.prefill`, chunked as the runtime chunks it)
+and its KV handed to the decode pool over the inter-node link; TTFT = queueing wait + prefill +
+hand-off, from a deterministic replay of the seeded arrival sequence through N servers
+(`latency.ttft.replay`), with the M/G/c mean wait recorded beside it as a check.
+
+Exact over the enumeration: for each (GPU type, TP) option that holds the weights and one
+prompt's KV, N is the least integer whose replayed TTFT percentile meets the SLO. Every
+request's wait is non-increasing in N (FCFS to the server that frees first: the sorted vector
+of the servers' remaining work only shrinks when a server is added, Kiefer-Wolfowitz), so the
+least N is found by doubling then bisection, and the pool's cost N x TP x price is the least
+for that option; the cheapest option (then fewer GPUs, then GPU id, then TP) is the minimum over
+the whole enumeration. The hand-off does not occupy the prefill instance (it is charged to the
+request's TTFT only) and the link has no price in the catalog, so it costs 0 USD.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from opweave_planner.errors import UserError
+from opweave_planner.inputs.request import MAX_GPU_BUDGET, PlanRequest
+from opweave_planner.latency.ttft import TtftStats, mgc, ttft_stats
+from opweave_planner.plan.io import rounded
+from opweave_planner.plan.schema import ArrivalsOut, Plan, PrefillPoolOut
+from opweave_planner.workload.arrivals import Arrivals, from_trace, poisson
+
+__all__ = ["POISSON_REQUESTS", "POISSON_SEED", "PoolOption", "PoolChoice", "least_instances", "choose_pool",
+           "whole_deployment"]
+
+POISSON_REQUESTS = 20_000  # arrivals replayed for a Poisson rate (seeded: same plan bytes)
+POISSON_SEED = 0
+KNOTS = 48  # more distinct prompt lengths than this: prefill times interpolated between log-spaced knots
+DEFAULT_LINK_GBPS, DEFAULT_LINK_US = 32.0, 20.0  # the planner's inter-node defaults (provenance.network)
+
+
+@dataclass(frozen=True, eq=False)
+class PoolOption:
+    """One (GPU type, TP) a prefill instance may be: its price and every request's times (s)."""
+
+    gpu: str
+    tp: int
+    usd_per_hour: float  # one instance
+    service_s: np.ndarray
+    handoff_s: np.ndarray
+    chunk_tokens: int = 0
+    measured_share: float = 1.0  # of the prefill time, from measured or interpolated tables
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    option: PoolOption
+    instances: int
+    stats: TtftStats
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.instances * self.option.usd_per_hour
+
+
+def _stats(times: np.ndarray, opt: PoolOption, n: int, percentile: float) -> TtftStats:
+    return ttft_stats(times, opt.service_s, n, opt.handoff_s, percentile)
+
+
+def least_instances(times: np.ndarray, opt: PoolOption, ttft_s: float, percentile: float,
+                    max_instances: int) -> tuple[int, TtftStats] | None:
+    """The least N <= max_instances whose replayed TTFT percentile is <= ttft_s (None: none is)."""
+    if max_instances < 1:
+        return None
+    top = _stats(times, opt, max_instances, percentile)
+    if top.percentile_s > ttft_s:
+        return None
+    bad, n = 0, 1  # bad: a count known to miss (0: none tried)
+    good, good_stats = max_instances, top
+    while n < good:  # doubling: the first power of two that meets it
+        st = _stats(times, opt, n, percentile)
+        if st.percentile_s <= ttft_s:
+            good, good_stats = n, st
+            break
+        bad, n = n, n * 2
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        st = _stats(times, opt, mid, percentile)
+        if st.percentile_s <= ttft_s:
+            good, good_stats = mid, st
+        else:
+            bad = mid
+    return good, good_stats
+
+
+def choose_pool(times: np.ndarray, options: list[PoolOption], ttft_s: float, percentile: float,
+                max_gpus: int = MAX_GPU_BUDGET) -> PoolChoice | None:
+    """The cheapest pool over the options (ties: fewer GPUs, GPU id, TP); None if none meets it."""
+    best: tuple | None = None
+    for opt in options:
+        got = least_instances(times, opt, ttft_s, percentile, max_gpus // opt.tp)
+        if got is None:
+            continue
+        n, st = got
+        key = (n * opt.usd_per_hour, n * opt.tp, opt.gpu, opt.tp)
+        if best is None or key < best[0]:
+            best = (key, PoolChoice(opt, n, st))
+    return None if best is None else best[1]
+
+
+# ----------------------------------------------------------------------------- from a request
+
+def _mean_output(plan: Plan, req: PlanRequest) -> float:
+    dist = plan.workload.distribution
+    if dist is not None:
+        return float(dist.mean_output)
+    return float(req.lengths[1])
+
+
+def _arrivals(req: PlanRequest, mean_output: float, window: int) -> tuple[Arrivals, float]:
+    """The replayed arrivals and the rate the pools are sized for (prompts capped below the window)."""
+    if req.arrivals == "trace":
+        arr = from_trace(req.workload, req.rate_scale or 1.0)
+        if arr.times_s.size < 2:
+            raise UserError(f"--arrivals trace: {req.workload} has {arr.times_s.size} timestamped request; "
+                            f"expected at least 2")
+        rate = arr.rate
+    else:
+        rate = req.request_rate if req.request_rate is not None else req.target_tokens_per_s / mean_output
+        if req.workload is None:
+            prompts = req.lengths[0]
+        else:
+            try:
+                prompts = from_trace(req.workload).prompts
+            except UserError as exc:
+                raise UserError(f"--request-rate with --workload: prompts are drawn from a trace with timestamps "
+                                f"(Azure or Mooncake) ({exc})") from None
+        arr = poisson(rate, POISSON_REQUESTS, prompts, POISSON_SEED)
+    capped = np.minimum(arr.prompts, max(window - 1, 1))
+    return Arrivals(arr.times_s, np.maximum(capped, 1), arr.source), float(rate)
+
+
+def _times(lengths: np.ndarray, one) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prefill s, hand-off s, measured share) per distinct length: exact for few lengths, else
+    linear between log-spaced knots (prefill time is smooth and increasing in the prompt length)."""
+    at = lengths
+    if lengths.size > KNOTS:
+        at = np.unique(np.geomspace(lengths[0], lengths[-1], KNOTS).round().astype(np.int64))
+    got = np.array([one(int(n)) for n in at])
+    if at is lengths:
+        return got[:, 0], got[:, 1], got[:, 2]
+    return tuple(np.interp(lengths, at, got[:, k]) for k in range(3))
+
+
+def _options(req: PlanRequest, seq, hw, prompts: np.ndarray) -> list[PoolOption]:
+    from opweave_planner.compile.tables import configurations
+    from opweave_planner.latency.memory import usable_bytes
+    from opweave_planner.latency.prefill import default_chunk_tokens, prefill
+
+    lengths, inverse = np.unique(prompts, return_inverse=True)
+    need = seq.weight_bytes() + seq.kv_bytes(int(lengths[-1]))
+    gbps = req.network_bandwidth if req.network_bandwidth is not None else DEFAULT_LINK_GBPS
+    lat_us = req.network_latency if req.network_latency is not None else DEFAULT_LINK_US
+    out = []
+    for cfg in configurations(seq, hw, req):  # the searched (GPU type, TP) that fit a node
+        gpu, tp = cfg.gpu, cfg.parallel.tp
+        if cfg.parallel.moe_ep or need > tp * usable_bytes(gpu, tp, utilization=req.gpu_memory_utilization,
+                                                           reserve_gb=req.memory_reserve_gb):
+            continue
+
+        def one(n, gpu=gpu, tp=tp):
+            e = prefill(seq, gpu, tp, n, profiles_dir=req.profiles, backend=req.backend,
+                        moe_routing=req.moe_routing, moe_ep=False, link_gbps=gbps, link_latency_us=lat_us)
+            return e.prefill_ms / 1e3, e.handoff_ms / 1e3, e.measured_share
+
+        service, handoff, share = _times(lengths, one)
+        service = service[inverse]
+        measured = float((share[inverse] * service).sum() / service.sum())
+        out.append(PoolOption(gpu.id, tp, tp * gpu.price_per_hour, service, handoff[inverse],
+                              default_chunk_tokens(gpu), measured))
+    return out
+
+
+def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, int]) -> Plan:
+    """`plan` with its disaggregated deployment: decode copies for rate x mean output, the
+    cheapest prefill pool meeting the TTFT SLO, and the all-in costs."""
+    from opweave_planner.inputs.model import load_model
+    from opweave_planner.plan import plan_version
+    from opweave_planner.sizing import size_deployment
+    from opweave_planner.structure.operators import build_sequence
+
+    mean_out = _mean_output(plan, req)
+    arr, rate = _arrivals(req, mean_out, plan.workload.window)
+    tokens = rate * mean_out
+    dep = size_deployment(plan, target_tokens_per_s=tokens, target_concurrency=req.target_concurrency,
+                          gpus_per_node=gpus_per_node)
+    seq = build_sequence(load_model(req.model))
+    options = _options(req, seq, hw, arr.prompts)
+    ttft_s, pct = req.ttft / 1e3, req.ttft_at
+    choice = choose_pool(arr.times_s, options, ttft_s, pct)
+    if choice is None:
+        fastest = min((float(np.percentile(o.service_s + o.handoff_s, pct)) for o in options), default=math.inf)
+        why = (f"an unqueued prefill + hand-off alone takes {fastest * 1e3:.0f} ms at p{pct:g}" if options else
+               "no searched (GPU type, TP) holds the weights and one prompt's KV")
+        raise UserError(f"--ttft: no prefill pool of {','.join(req.gpus)} TP "
+                        f"{','.join(map(str, req.tensor_parallel_sizes))} within {MAX_GPU_BUDGET} GPUs meets "
+                        f"p{pct:g} TTFT {req.ttft:g} ms ({why})")
+    opt, n, st = choice.option, choice.instances, choice.stats
+    rho = rate * float(opt.service_s.mean())
+    scv = float(opt.service_s.var() / opt.service_s.mean() ** 2)
+    check = mgc(rate, float(opt.service_s.mean()), scv, n, pct / 100)
+    prefill_usd = choice.usd_per_hour
+    total = dep.usd_per_hour + prefill_usd
+    out_m = tokens * 3600 / 1e6
+    in_m = rate * float(arr.prompts.mean()) * 3600 / 1e6
+    pool = PrefillPoolOut(
+        gpu=opt.gpu, tensor_parallel=opt.tp, instances=n, gpus=n * opt.tp, usd_per_hour=rounded(prefill_usd),
+        chunk_tokens=opt.chunk_tokens, ttft_slo_ms=req.ttft, ttft_percentile=pct,
+        ttft_ms=rounded(st.percentile_s * 1e3), ttft_mean_ms=rounded(st.mean_s * 1e3),
+        wait_mean_ms=rounded(st.wait_mean_s * 1e3), prefill_mean_ms=rounded(float(opt.service_s.mean()) * 1e3),
+        handoff_mean_ms=rounded(float(opt.handoff_s.mean()) * 1e3), utilisation=rounded(rho / n),
+        mgc_wait_mean_ms=rounded(check.wait_mean_s * 1e3), cost_share=rounded(prefill_usd / total) if total else 0.0,
+        measured_share=rounded(opt.measured_share),
+        options=len(options))
+    record = ArrivalsOut(
+        process=req.arrivals, request_rate=req.request_rate, rate=rounded(rate), rate_scale=req.rate_scale,
+        target_tokens_per_s=req.target_tokens_per_s if req.arrivals == "poisson" else None,
+        requests=int(arr.times_s.size), seed=POISSON_SEED if req.arrivals == "poisson" else None,
+        mean_prompt_tokens=rounded(float(arr.prompts.mean())), mean_output_tokens=rounded(mean_out))
+    dep = dep.model_copy(update={
+        "mode": "disaggregated", "arrivals": record, "prefill": pool, "usd_per_hour_all_in": rounded(total),
+        "usd_per_million_output_tokens_all_in": rounded(total / out_m),
+        "usd_per_million_output_tokens_decode": rounded(dep.usd_per_hour / out_m),
+        "usd_per_million_output_tokens_prefill": rounded(prefill_usd / out_m),
+        "usd_per_million_input_tokens": rounded(prefill_usd / in_m),
+        "binding_pool": "prefill" if prefill_usd > dep.usd_per_hour else "decode"})
+    doc = plan.model_copy(update={"deployment": dep})
+    return doc.model_copy(update={"schema_version": plan_version(doc)})
