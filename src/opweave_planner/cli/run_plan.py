@@ -34,7 +34,7 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     req = api.make_request(**settings)
     report.announce_compile(jit.kernels_cache_is_warm(), enabled=not quiet)
     start = time.perf_counter()
-    with report.Progress("templates", enabled=not quiet) as bar:
+    with report.Progress("search (template-equivalents of work)", enabled=not quiet) as bar:
         outcome = api.plan(req, jobs=jobs, progress=bar)
     elapsed = time.perf_counter() - start
     result, infeasible = outcome.plan, outcome.infeasible
