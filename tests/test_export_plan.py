@@ -172,6 +172,18 @@ def test_a_plan_without_sizing_exports_one_copy_and_says_so(tmp_path):
     assert "(it records no sizing)" in (tmp_path / "o" / "serve-replica-0.sh").read_text()
 
 
+@pytest.mark.parametrize("target", ["vllm", "sglang"])
+def test_a_disaggregated_plan_says_its_prefill_pool_is_not_exported(target, tmp_path):
+    from opweave_planner.export import export_plan
+
+    golden = GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8_v1.10.json"
+    pool = json.loads(golden.read_text())["deployment"]["prefill"]
+    done = export_plan(str(golden), target, str(tmp_path / "o"))
+    words = f"prefill pool ({pool['instances']}x {pool['gpu']} TP{pool['tensor_parallel']}) is not exported"
+    assert any(words in note for note in done.notes), done.notes
+    assert words in json.loads((tmp_path / "o" / "export.json").read_text())["deployment"]["note"]
+
+
 def test_a_sized_plan_exports_every_copy_behind_one_router(tmp_path):
     from opweave_planner.contract import read_plan
 

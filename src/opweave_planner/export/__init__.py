@@ -241,7 +241,13 @@ def sizing_note(ctx: Context) -> str:
     if dep is None:
         return (f"one copy of the plan ({gpus} GPUs): it records no deployment sizing; plan with "
                 f"--target-tokens-per-s or --target-concurrency to deploy more")
-    return f"{dep.copies} copies of the plan, {gpus} GPUs on {ctx.nodes} nodes, as its deployment sized"
+    line = f"{dep.copies} copies of the plan, {gpus} GPUs on {ctx.nodes} nodes, as its deployment sized"
+    pool = getattr(dep, "prefill", None)
+    if pool is not None:  # no exporter writes a prefill pool yet: say what the files leave out
+        line += (f"; the decode pool only: the plan's prefill pool ({pool.instances}x {pool.gpu} TP"
+                 f"{pool.tensor_parallel}) is not exported (no disaggregated export yet), and these "
+                 f"servers prefill what they receive themselves, which the plan's TPOT does not include")
+    return line
 
 
 def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes:
