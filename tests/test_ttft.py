@@ -107,3 +107,16 @@ def test_ttft_through_prefill_servers_on_a_trace():
     stats = [ttft_stats(arr.times_s, service, c, percentile=95) for c in (1, 2, 4)]
     assert stats[0].percentile_s >= stats[1].percentile_s >= stats[2].percentile_s
     assert stats[2].mean_s >= service.mean() and stats[2].utilisation < stats[0].utilisation
+
+
+def test_bad_arrival_inputs_are_refused_before_the_kernel(tmp_path):
+    with pytest.raises(ValueError, match="equal, non-empty"):
+        ttft_stats(np.array([0.0, 1.0, 2.0]), np.array([0.1, 0.1]), 1)
+    with pytest.raises(ValueError, match="equal, non-empty"):
+        ttft_stats(np.array([]), np.array([]), 1)
+    bad = tmp_path / "t.jsonl"
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(UserError, match="not UTF-8"):
+        from_trace(bad)
+    with pytest.raises(UserError, match="folder"):
+        from_trace(tmp_path)

@@ -144,7 +144,6 @@ def _drawn(dist, n: int):
 
 def traffic(ctx) -> Traffic:
     """The plan's traffic for `ctx`'s deployment (every copy: concurrency = copies x B)."""
-    import numpy as np
 
     plan = ctx.plan
     conc = ctx.copies * plan.global_batch
@@ -169,10 +168,10 @@ def traffic(ctx) -> Traffic:
     dep = ctx.deployment
     if dep is not None and dep.target_tokens_per_s is not None:
         rate = dep.target_tokens_per_s / (sum(outputs) / len(outputs))  # requests per second
+        from opweave_planner.workload.arrivals import poisson
+
         seed = 0 if dist is None else dist.seed
-        gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, len(prompts))
-        gaps[0] = 0.0
-        arrivals = tuple(float(f"{t:.6f}") for t in np.cumsum(gaps))
+        arrivals = tuple(float(f"{t:.6f}") for t in poisson(rate, len(prompts), prompts, seed + 1).times_s)
     return Traffic(tuple(prompts), tuple(outputs), arrivals, conc, fixed, source)
 
 
@@ -249,7 +248,7 @@ def benchmark_vllm(ctx, backend: str, what: str = "the deployment") -> dict[str,
         argv += ["--dataset-name", "timed_trace", "--dataset-path", v["SAMPLE"],
                  "--timed-trace-chunk-hash-size", str(HASH_BLOCK)]
     argv += ["--num-prompts", v["NUM_PROMPTS"], "--max-concurrency", v["CONCURRENCY"], "--ignore-eos"]
-    if t.fixed and t.arrivals is not None:
+    if t.fixed and t.rate is not None:
         argv += ["--request-rate", number(t.rate)]
     argv += ["--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,95",
              "--save-result", "--result-dir", v["RESULT_DIR"], "--result-filename", "tpot.json"]

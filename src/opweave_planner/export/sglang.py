@@ -17,7 +17,7 @@ from opweave_planner.export.bench import (
     compare_snippet,
     traffic,
 )
-from opweave_planner.export.shell import Word, comment, header, script, shell_command
+from opweave_planner.export.shell import Word, comment, header, number, script, shell_command
 
 _SERVER = {
     "model": "--model-path", "tp": "--tp-size", "ep": "--ep-size", "seqs": "--max-running-requests",
@@ -77,7 +77,7 @@ def benchmark(ctx: Context) -> dict[str, bytes]:
             "--random-output-len", v["OUTPUT_LEN"], "--random-range-ratio", "1.0",
             "--num-prompts", v["NUM_PROMPTS"], "--max-concurrency", v["CONCURRENCY"]]
     if t.rate is not None:
-        argv += ["--request-rate", repr(t.rate)]
+        argv += ["--request-rate", number(t.rate)]
     argv += ["--output-file", result]
     lines = header(ctx, "Benchmark the deployment with SGLang's own client on the plan's traffic and compare "
                         "TTFT and TPOT with the plan.")

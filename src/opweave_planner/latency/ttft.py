@@ -65,6 +65,8 @@ def ttft_stats(arrivals: np.ndarray, service: np.ndarray, servers: int, handoff_
         raise ValueError("servers must be at least 1")
     a = np.ascontiguousarray(arrivals, dtype=np.float64)
     s = np.ascontiguousarray(service, dtype=np.float64)
+    if a.ndim != 1 or a.shape != s.shape or a.size == 0:  # the kernel reads s[i] for every a[i], unchecked
+        raise ValueError(f"arrivals {a.shape} and service {s.shape}: expected two equal, non-empty 1-D arrays")
     wait = replay(a, s, int(servers))
     ttft = wait + s + np.broadcast_to(np.asarray(handoff_s, dtype=np.float64), s.shape)
     span = max(float(a[-1] - a[0]), 1e-12)

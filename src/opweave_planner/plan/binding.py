@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from opweave_planner.plan.build import usd_per_million_tokens
 from opweave_planner.plan.io import rounded
 from opweave_planner.plan.outcome import Binding
 from opweave_planner.plan.schema import BindingOut
@@ -27,8 +28,7 @@ def next_batch(batches, batch: int, splits) -> int | None:
 
 
 def _usd(cost: float) -> float:
-    """A search cost (USD/h rate x µs) in USD per million output tokens (plan/build's rule)."""
-    return rounded(cost / 3.6e9 * 1e6)
+    return rounded(usd_per_million_tokens(cost))
 
 
 def _relief(ctx, template, batch: int, lift_caps: bool):

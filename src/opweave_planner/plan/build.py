@@ -185,6 +185,11 @@ def _metrics(ctx, sel, splan, payload, ev, gpus_total: int) -> Metrics:
         stage_link="none" if k == 1 else ("intra_node" if ev.intra_node else "inter_node"))
 
 
+def usd_per_million_tokens(cost: float) -> float:
+    """A search cost (USD/h rate x µs per token) in USD per million output tokens."""
+    return cost / 3.6e9 * 1e6
+
+
 def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: float | None = None):
     """Describe a Selection for a runtime, from the one evaluator the search scored it with.
 
@@ -207,7 +212,7 @@ def build_plan(ctx, template, sel, search: SearchStats, *, scored_t_rtt_us: floa
     s, k, mu = splan.n_stages, prob.k, sel.mu
     owners = _owners(ctx, splan, sel, ev, None if dist is None else kv_event_records(ctx, prob, sel, ev))
     gpus_total = sum(o.replicas * o.tensor_parallel for o in owners)
-    usd_per_mtok = ev.cost / 3.6e9 * 1e6
+    usd_per_mtok = usd_per_million_tokens(ev.cost)
     cut_ops = ([seq.ops[splan.ops[0][0]].name] if s == 1
                else [f"layer+{offset}.{SLOTS[slot]}" for offset, slot in splan.cut_keys])
     # scoped to the searched types and the plan's own (the same set unless a file was edited):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from opweave_planner.atomic import open_input
 from opweave_planner.errors import UserError
 
 __all__ = ["Arrivals", "poisson", "from_trace"]
@@ -57,10 +58,12 @@ def from_trace(path: str | Path, rate_scale: float = 1.0) -> Arrivals:
     if not (np.isfinite(rate_scale) and rate_scale > 0):
         raise UserError(f"--rate-scale: {rate_scale!r}; expected a positive factor")
     p = Path(path)
+    with open_input(p, "--workload") as fh:  # the one input-path check (folders, FIFOs, links)
+        raw = fh.read()
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise UserError(f"{p}: cannot read ({exc.strerror})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p}: byte {exc.start} is not UTF-8; expected a UTF-8 trace with timestamps") from None
     if p.suffix == ".jsonl":
         times, prompts = _jsonl(p, text)
     else:
