@@ -48,6 +48,16 @@ def test_a_memory_bound_plan_says_memory_binds_with_the_figures_and_the_next_bat
     assert f"B={b.next_batch} would need {b.memory_next_gib:.1f} GiB" in line
 
 
+def test_simulate_judges_the_binding_in_the_space_the_plan_was_searched_over():
+    # re-evaluated under its own inputs, a plan says what it said: the next batch of its searched
+    # set, not "the batch set" of a context compiled for its one batch
+    from opweave_planner.contract import evaluate_plan
+
+    plan = _plan(60, "32k", batches=(4, 8, 12, 16), max_replicas=2).plan
+    again = evaluate_plan(plan).plan
+    assert again.binding == plan.binding and again.binding.constraint == Binding.MEMORY.value
+
+
 def test_without_room_for_more_replicas_the_gpu_cap_binds():
     out = _plan(60, "32k", batches=(4, 8, 12, 16), max_replicas=2, max_gpus=1)
     assert out.binding == Binding.GPUS and out.plan.binding.next_gpus_total > 1

@@ -436,9 +436,11 @@ def plan_selection(plan: Plan, arrays, where: str, model_name: str):
     return selection(plan.global_batch, plan.microbatches, cfg, [o.replicas for o in plan.owners], mb)
 
 
-def plan_context(plan: Plan, *, where: str = "plan", **overrides: Any):
+def plan_context(plan: Plan, *, where: str = "plan", searched: bool = False, **overrides: Any):
     """(Compiled, template, Selection) of `plan`'s placement under its recorded request and
-    `overrides`: the request compiled for exactly its owners, for `simulate` and replays."""
+    `overrides`: the request compiled for exactly its owners, for `simulate` and replays, or
+    (`searched`) for the whole space the plan was searched over, which judging what binds needs
+    (the next batch, more replicas)."""
     from opweave_planner.compile import compile_request
     from opweave_planner.inputs.model import load_model
     from opweave_planner.inputs.request import with_model_window
@@ -467,7 +469,7 @@ def plan_context(plan: Plan, *, where: str = "plan", **overrides: Any):
         "batches": (plan.global_batch,), "max_microbatches": plan.microbatches,
         "max_replicas": max(o.replicas for o in plan.owners),
         "moe_expert_parallel": any(o.expert_parallel > 1 for o in plan.owners)})
-    compiled = compile_request(own, hw, spec)
+    compiled = compile_request(req if searched else own, hw, spec)
     sel = plan_selection(plan, compiled.tables, where, seq.model.name)
     return compiled, tmpl, sel
 
@@ -485,8 +487,9 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Reeva
 
     ctx, tmpl, sel = plan_context(plan, where=where, **overrides)
     new, ev = build_plan(ctx, tmpl, sel, plan.search)
-    if plan.binding is not None:  # what binds it, judged again under the new inputs
-        new = new.model_copy(update={"binding": binding_of(ctx, tmpl, sel, ev)})
+    if plan.binding is not None:  # what binds it, judged again under the new inputs, in its searched space
+        sctx, stmpl, ssel = plan_context(plan, where=where, searched=True, **overrides)
+        new = new.model_copy(update={"binding": binding_of(sctx, stmpl, ssel, ev)})
         new = new.model_copy(update={"schema_version": plan_version(new)})
     memory = [(float(n), float(u)) for n, u in zip(ev.memory_need, ev.memory_usable, strict=True)]
     changed = [label for key, label in _PROVENANCE_INPUTS
@@ -612,6 +615,7 @@ def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]
     if old.search != new.search:
         notes.append("search statistics or searched space differ")
     do, dn = old.workload.distribution, new.workload.distribution
-    if do is not None and dn is not None and do.sha256 and do.workload != dn.workload:
+    if (do is not None and dn is not None and do.sha256 and do.sha256 == dn.sha256
+            and do.workload != dn.workload):
         notes.append(f"trace recorded as {printable(do.workload)} -> {printable(dn.workload)} (same sha256)")
     return {"equivalent": not changes, "changes": changes, "inputs_changed": inputs, "notes": notes}

@@ -37,7 +37,6 @@ __all__ = ["POISSON_REQUESTS", "POISSON_SEED", "PoolOption", "PoolChoice", "leas
 POISSON_REQUESTS = 20_000  # arrivals replayed for a Poisson rate (seeded: same plan bytes)
 POISSON_SEED = 0
 KNOTS = 48  # more distinct prompt lengths than this: prefill times interpolated between log-spaced knots
-DEFAULT_LINK_GBPS, DEFAULT_LINK_US = 32.0, 20.0  # the planner's inter-node defaults (provenance.network)
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,19 +153,16 @@ def _times(lengths: np.ndarray, one) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def _options(req: PlanRequest, seq, hw, prompts: np.ndarray) -> list[PoolOption]:
-    from opweave_planner.compile.tables import configurations
-    from opweave_planner.latency.memory import usable_bytes
+    from opweave_planner.compile.tables import configurations, usable_per_gpu
     from opweave_planner.latency.prefill import default_chunk_tokens, prefill
 
     lengths, inverse = np.unique(prompts, return_inverse=True)
     need = seq.weight_bytes() + seq.kv_bytes(int(lengths[-1]))
-    gbps = req.network_bandwidth if req.network_bandwidth is not None else DEFAULT_LINK_GBPS
-    lat_us = req.network_latency if req.network_latency is not None else DEFAULT_LINK_US
+    gbps, lat_us = hw.network.inter_node_gbps, hw.network.inter_node_latency_us  # --network-* applied
     out = []
     for cfg in configurations(seq, hw, req):  # the searched (GPU type, TP) that fit a node
         gpu, tp = cfg.gpu, cfg.parallel.tp
-        if cfg.parallel.moe_ep or need > tp * usable_bytes(gpu, tp, utilization=req.gpu_memory_utilization,
-                                                           reserve_gb=req.memory_reserve_gb):
+        if cfg.parallel.moe_ep or need > tp * usable_per_gpu(gpu, tp, req):
             continue
 
         def one(n, gpu=gpu, tp=tp):

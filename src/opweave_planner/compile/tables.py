@@ -42,6 +42,13 @@ class Tables(NamedTuple):
     expert_parallel: np.ndarray  # bool[C]: the config shards routed experts
 
 
+def usable_per_gpu(gpu, tp: int, req) -> float:
+    """Bytes per GPU a (GPU type, TP) group may fill under the request's memory budget (its
+    utilisation, runtime reserve and headroom): one rule for the decode search and the prefill pool."""
+    usable = usable_bytes(gpu, tp, utilization=req.gpu_memory_utilization, reserve_gb=req.memory_reserve_gb)
+    return usable * (1.0 - req.memory_headroom) if req.memory_headroom else usable
+
+
 def configurations(seq: OperatorSequence, hw: Hardware, req: PlanRequest) -> tuple[Config, ...]:
     """Every (GPU type, TP, expert-parallel) configuration the request searches."""
     has_moe = any(op.kind == OpKind.MOE_UP for op in seq.ops)
@@ -84,10 +91,7 @@ def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: Work
             knot_lat.append(at)
             kpref[c, :, :, 1:] = np.cumsum(at, axis=2)
             pref[c, :, 1:] = np.cumsum(lower_tables(np.moveaxis(at, 1, 2), knots, wa.c_lb), axis=1)
-        cfg_mem[c] = usable_bytes(cfg.gpu, tp, utilization=req.gpu_memory_utilization,
-                                  reserve_gb=req.memory_reserve_gb)
-        if req.memory_headroom:
-            cfg_mem[c] *= 1.0 - req.memory_headroom
+        cfg_mem[c] = usable_per_gpu(cfg.gpu, tp, req)
         # activation buffers (a few live tensors) and the fp32 logits slice
         cfg_ws[c] = 4 * max_out + 4.0 * seq.model.vocab_size / tp
     moe_pref = np.zeros(n + 1, np.int64)
