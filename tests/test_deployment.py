@@ -168,4 +168,15 @@ def test_poisson_prompts_from_a_law_workload_are_refused_in_one_line():
                            request_rate=2)
     with pytest.raises(UserError) as exc:
         api.plan(req)
-    assert "--request-rate with --workload" in str(exc.value) and "\n" not in str(exc.value)
+    assert "--request-rate with --ttft and --workload" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_trace_arrivals_at_one_instant_are_refused_in_one_line(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": 5, "input_length": {600 + i}, "output_length": 50}}\n'
+                             for i in range(20)))
+    req = api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100", policy="colocated", batches="8,16",
+                           max_owners=1, workload=str(trace), ttft="1s", arrivals="trace")
+    with pytest.raises(UserError) as exc:
+        api.plan(req)
+    assert "span no time" in str(exc.value) and "\n" not in str(exc.value)

@@ -125,6 +125,9 @@ def _arrivals(req: PlanRequest, mean_output: float, window: int) -> tuple[Arriva
             raise UserError(f"--arrivals trace: {req.workload} has {arr.times_s.size} timestamped request; "
                             f"expected at least 2")
         rate = arr.rate
+        if not np.isfinite(rate):
+            raise UserError(f"--arrivals trace: the timestamps of {req.workload} span no time; expected "
+                            f"requests at distinct times (or give --request-rate)")
     else:
         rate = req.request_rate if req.request_rate is not None else req.target_tokens_per_s / mean_output
         if req.workload is None:
@@ -133,8 +136,9 @@ def _arrivals(req: PlanRequest, mean_output: float, window: int) -> tuple[Arriva
             try:
                 prompts = from_trace(req.workload).prompts
             except UserError as exc:
-                raise UserError(f"--request-rate with --workload: prompts are drawn from a trace with timestamps "
-                                f"(Azure or Mooncake) ({exc})") from None
+                given = "--request-rate" if req.request_rate is not None else "--target-tokens-per-s"
+                raise UserError(f"{given} with --ttft and --workload: Poisson prompts are drawn from a trace "
+                                f"file with timestamps (Azure or Mooncake); {exc}") from None
         arr = poisson(rate, POISSON_REQUESTS, prompts, POISSON_SEED)
     capped = np.minimum(arr.prompts, max(window - 1, 1))
     return Arrivals(arr.times_s, np.maximum(capped, 1), arr.source), float(rate)
