@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opweave_planner import api
-from opweave_planner.deployment import PoolOption, choose_pool, least_instances
+from opweave_planner.deployment import PoolOption, choose_pool, least_instances, stable_instances
 from opweave_planner.errors import UserError
-from opweave_planner.latency.ttft import ttft_stats
-from opweave_planner.workload.arrivals import poisson
+from opweave_planner.latency.ttft import replay, ttft_stats
+from opweave_planner.workload.arrivals import Arrivals, poisson
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -41,10 +41,14 @@ def instances(draw):
 
 
 def _brute(times, options, ttft, pct, max_gpus):
-    """Every (option, N) with N x TP <= max_gpus: the cheapest that meets the SLO."""
+    """Every stable (option, N) with N x TP <= max_gpus (utilisation rate x mean prefill / N < 1
+    at the replay's rate): the cheapest that meets the SLO."""
+    rate = (times.size - 1) / (times[-1] - times[0])
     best = None
     for opt in options:
         for n in range(1, max_gpus // opt.tp + 1):
+            if rate * opt.service_s.mean() / n >= 1.0:
+                continue
             s = ttft_stats(times, opt.service_s, n, opt.handoff_s, pct)
             if s.percentile_s <= ttft:
                 key = (n * opt.usd_per_hour, n * opt.tp, opt.gpu, opt.tp)
@@ -66,6 +70,17 @@ def test_pool_is_the_brute_force_minimum(inst, max_gpus):
         assert got.stats.percentile_s <= ttft
 
 
+@settings(max_examples=60, **SETTINGS)
+@given(instances(), st.integers(1, 12))
+def test_every_wait_is_non_increasing_in_the_servers(inst, n):
+    """What the doubling + bisection rests on: one more server never lengthens any request's wait
+    (so no TTFT percentile rises)."""
+    times, options, _, _ = inst
+    for opt in options:
+        a, b = replay(times, opt.service_s, n), replay(times, opt.service_s, n + 1)
+        assert np.all(b <= a + 1e-12)
+
+
 @settings(max_examples=40, **SETTINGS)
 @given(instances(), st.floats(1.0, 4.0))
 def test_a_looser_ttft_never_costs_more(inst, factor):
@@ -82,6 +97,41 @@ def test_least_instances_is_least():
     assert s.percentile_s <= 0.5 < ttft_stats(arr.times_s, opt.service_s, n - 1, 0.0, 95.0).percentile_s
     assert n >= 4  # offered load 20 x 0.2 = 4 servers busy
     assert least_instances(arr.times_s, opt, 0.15, 95.0, 64) is None  # one prefill alone misses it
+
+
+def test_least_instances_replays_a_few_counts_and_not_the_largest(monkeypatch):
+    """Doubling from the least count: O(log N) replays, and the largest count only when the doubling
+    reaches it (it used to be replayed first for every option)."""
+    import opweave_planner.deployment as d
+
+    arr = poisson(20.0, 2000, 100, 3)
+    opt = PoolOption("g", 1, 1.0, np.full(2000, 0.2), np.zeros(2000))
+    seen = []
+    real = d._stats
+    monkeypatch.setattr(d, "_stats", lambda t, o, n, p: (seen.append(n), real(t, o, n, p))[1])
+    n, _ = least_instances(arr.times_s, opt, 0.5, 95.0, 1024, stable_instances(20.0, opt))
+    assert 1024 not in seen and len(seen) <= 2 * 11
+    assert seen[0] == 5  # starts at the stable count: 20/s x 0.2 s = 4 busy
+    want, _ = least_instances(arr.times_s, opt, 0.5, 95.0, 64)  # from 1: the same least count
+    assert n == want
+    seen.clear()
+    assert least_instances(arr.times_s, opt, 0.15, 95.0, 16, 5) is None and seen[-1] == 16
+
+
+def test_a_short_burst_never_gets_an_over_utilised_pool():
+    """Five requests in one second, 0.3 s each: one server meets a 2 s TTFT on this replay (its
+    queue has no time to grow), but at 4 requests/s it is 1.2 x utilised and the M/G/c wait is
+    infinite; the pool starts at the stable count, 2."""
+    from opweave_planner.latency.ttft import mgc
+
+    times = np.array([0.0, 0.01, 0.02, 0.03, 1.0])
+    opt = PoolOption("g", 1, 1.0, np.full(5, 0.3), np.zeros(5))
+    assert ttft_stats(times, opt.service_s, 1, 0.0, 95.0).percentile_s <= 2.0  # what used to be chosen
+    assert not np.isfinite(mgc(4.0, 0.3, 0.0, 1).wait_mean_s)
+    got = choose_pool(times, [opt], 2.0, 95.0, 8)
+    rate = Arrivals(times, times, "").rate
+    assert got.instances == stable_instances(rate, opt) == 2
+    assert np.isfinite(mgc(rate, 0.3, 0.0, got.instances).wait_mean_s)
 
 
 BASE = dict(model="llama-3.1-8b", slo="60ms", ctx="8k", gpus="h100")
@@ -162,21 +212,57 @@ def test_a_plan_without_ttft_says_decode_only():
     assert "(decode only)" in report.plan_headline(doc)
 
 
-def test_poisson_prompts_from_a_law_workload_are_refused_in_one_line():
-    req = api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100", policy="colocated", batches="8,16",
-                           max_owners=1, workload="lognormal:mean=2k,cv=1;out=geometric:mean=200", ttft="1s",
-                           request_rate=2)
+def test_poisson_prompts_from_a_law_workload_are_refused_at_the_request_edge():
     with pytest.raises(UserError) as exc:
-        api.plan(req)
+        api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100", policy="colocated", batches="8,16",
+                         max_owners=1, workload="lognormal:mean=2k,cv=1;out=geometric:mean=200", ttft="1s",
+                         request_rate=2)
     assert "--request-rate with --ttft and --workload" in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_trace_arrivals_at_one_instant_are_refused_in_one_line(tmp_path):
+def test_trace_arrivals_at_one_instant_are_refused_at_the_request_edge(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(f'{{"timestamp": 5, "input_length": {600 + i}, "output_length": 50}}\n'
                              for i in range(20)))
-    req = api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100", policy="colocated", batches="8,16",
-                           max_owners=1, workload=str(trace), ttft="1s", arrivals="trace")
     with pytest.raises(UserError) as exc:
-        api.plan(req)
-    assert "span no time" in str(exc.value) and "\n" not in str(exc.value)
+        api.make_request(model="llama-3.1-8b", slo="60ms", gpus="h100", policy="colocated", batches="8,16",
+                         max_owners=1, workload=str(trace), ttft="1s", arrivals="trace")
+    assert "--arrivals trace" in str(exc.value) and "span no time" in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+SMALL = dict(model="llama-3.1-8b", slo="60ms", gpus="h100", policy="colocated", batches="8,16", max_owners=1)
+
+
+def test_poisson_prompts_come_from_the_shaped_workload(tmp_path):
+    """A trace format without timestamps serves Poisson prompts (it used to be refused), and
+    --scale-ctx shapes them as it shapes the decode workload."""
+    from opweave_planner.compile import compile_request
+
+    trace = tmp_path / "plain.csv"
+    trace.write_text("prompt_tokens,output_tokens\n" + "".join(f"{500 + 37 * i},{40 + i}\n" for i in range(40)))
+    plain = api.plan(api.make_request(**SMALL, workload=str(trace), ttft="1s", request_rate=2)).plan
+    got = plain.deployment.arrivals.mean_prompt_tokens
+    assert got == pytest.approx(500 + 37 * 19.5, rel=0.03)
+    req = api.make_request(**SMALL, workload=str(trace), ttft="1s", request_rate=2, scale_ctx="4k")
+    wl = compile_request(req).workload
+    assert wl.scale > 2
+    scaled = api.plan(req).plan.deployment.arrivals.mean_prompt_tokens
+    assert scaled == pytest.approx(wl.mean_prompt, rel=0.03) and scaled > 2 * got
+
+
+def test_a_bursty_trace_plan_reads_back(tmp_path):
+    """A short bursty replay whose least replayed N would be over-utilised: the plan's pool is
+    stable, its M/G/c check finite, and the file reads back."""
+    import orjson
+
+    from opweave_planner.contract import parse_plan
+    from opweave_planner.plan import plan_bytes
+
+    trace = tmp_path / "burst.jsonl"
+    rows = [(0, 6000), (10, 6000), (20, 6000), (30, 6000), (40, 6000), (500, 6000)]
+    trace.write_text("".join(f'{{"timestamp": {t}, "input_length": {n}, "output_length": 64}}\n' for t, n in rows))
+    doc = api.plan(api.make_request(**SMALL, workload=str(trace), ttft="10s", arrivals="trace")).plan
+    pool = doc.deployment.prefill
+    assert pool.instances >= 2 and pool.utilisation < 1 and pool.mgc_wait_mean_ms >= 0  # 1 would be 1.42
+    assert parse_plan(orjson.loads(plan_bytes(doc)), "p.json").deployment == doc.deployment

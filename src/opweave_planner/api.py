@@ -174,9 +174,10 @@ def _simplest(outcome, slack: float):
     return min(near, key=lambda c: (c.n_stages, c.cost, c.gpus, c.template_index))
 
 
-def sized(doc, req: PlanRequest, hw: Hardware):
+def sized(doc, req: PlanRequest, hw: Hardware, compiled=None):
     """`doc` with its deployment for the request's target load, if it names one; with --ttft the
-    whole disaggregated deployment (a prefill pool beside the decode copies)."""
+    whole disaggregated deployment (a prefill pool beside the decode copies), sized with
+    `compiled`'s operator sequence and shaped workload (None: compiled for it)."""
     from opweave_planner.compile.space import node_size
     from opweave_planner.plan import plan_version
     from opweave_planner.sizing import size_deployment
@@ -185,7 +186,7 @@ def sized(doc, req: PlanRequest, hw: Hardware):
     if req.disaggregated:
         from opweave_planner.deployment import whole_deployment
 
-        return whole_deployment(doc, req, hw, per_node)
+        return whole_deployment(doc, req, hw, per_node, compiled)
     if req.target_tokens_per_s is None and req.target_concurrency is None:
         return doc
     dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
@@ -221,7 +222,7 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:
     chosen = outcome.best if req.prefer_simpler is None else _simplest(outcome, req.prefer_simpler)
     doc, ev = build_plan(ctx, chosen.template, chosen.selection, stats, scored_t_rtt_us=chosen.t_rtt_us)
     doc = doc.model_copy(update={"binding": binding_of(ctx, chosen.template, chosen.selection, ev)})
-    doc = sized(doc.model_copy(update={"schema_version": plan_version(doc)}), req, ctx.hw)
+    doc = sized(doc.model_copy(update={"schema_version": plan_version(doc)}), req, ctx.hw, ctx)
     if req.policy != Policy.OPWEAVE:
         return Outcome(Status.OPTIMAL, plan=doc)
     named = {name: build(c) for name, c in outcome.alternatives.items() if c is not None}

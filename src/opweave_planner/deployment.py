@@ -32,7 +32,7 @@ from opweave_planner.plan.schema import ArrivalsOut, Plan, PrefillPoolOut
 from opweave_planner.workload.arrivals import Arrivals, from_trace, poisson
 
 __all__ = ["POISSON_REQUESTS", "POISSON_SEED", "PoolOption", "PoolChoice", "least_instances", "choose_pool",
-           "whole_deployment"]
+           "stable_instances", "whole_deployment"]
 
 POISSON_REQUESTS = 20_000  # arrivals replayed for a Poisson rate (seeded: same plan bytes)
 POISSON_SEED = 0
@@ -67,22 +67,31 @@ def _stats(times: np.ndarray, opt: PoolOption, n: int, percentile: float) -> Ttf
     return ttft_stats(times, opt.service_s, n, opt.handoff_s, percentile)
 
 
+def stable_instances(rate: float, opt: PoolOption) -> int:
+    """The least N whose utilisation rate x mean prefill / N is below 1: fewer instances than this
+    fall ever further behind (the M/G/c wait is infinite), even where a short bursty replay ends
+    before its queue shows it."""
+    return int(math.floor(rate * float(opt.service_s.mean()))) + 1
+
+
 def least_instances(times: np.ndarray, opt: PoolOption, ttft_s: float, percentile: float,
-                    max_instances: int) -> tuple[int, TtftStats] | None:
-    """The least N <= max_instances whose replayed TTFT percentile is <= ttft_s (None: none is)."""
-    if max_instances < 1:
+                    max_instances: int, min_instances: int = 1) -> tuple[int, TtftStats] | None:
+    """The least N in [min_instances, max_instances] whose replayed TTFT percentile is <= ttft_s
+    (None: none is). The percentile is non-increasing in N (every wait is), so doubling from
+    min_instances then bisection finds it in O(log N) replays, the largest N replayed only when
+    the doubling reaches it."""
+    lo = max(int(min_instances), 1)
+    if max_instances < lo:
         return None
-    top = _stats(times, opt, max_instances, percentile)
-    if top.percentile_s > ttft_s:
-        return None
-    bad, n = 0, 1  # bad: a count known to miss (0: none tried)
-    good, good_stats = max_instances, top
-    while n < good:  # doubling: the first power of two that meets it
+    bad, n = lo - 1, lo  # bad: the largest count known to miss
+    while True:  # doubling the step above lo: the first count that meets it
         st = _stats(times, opt, n, percentile)
         if st.percentile_s <= ttft_s:
             good, good_stats = n, st
             break
-        bad, n = n, n * 2
+        if n >= max_instances:
+            return None
+        bad, n = n, min(lo + 2 * (n - lo + 1) - 1, max_instances)
     while good - bad > 1:
         mid = (bad + good) // 2
         st = _stats(times, opt, mid, percentile)
@@ -94,11 +103,15 @@ def least_instances(times: np.ndarray, opt: PoolOption, ttft_s: float, percentil
 
 
 def choose_pool(times: np.ndarray, options: list[PoolOption], ttft_s: float, percentile: float,
-                max_gpus: int = MAX_GPU_BUDGET) -> PoolChoice | None:
-    """The cheapest pool over the options (ties: fewer GPUs, GPU id, TP); None if none meets it."""
+                max_gpus: int = MAX_GPU_BUDGET, rate: float | None = None) -> PoolChoice | None:
+    """The cheapest stable pool over the options (ties: fewer GPUs, GPU id, TP); None if none meets
+    it. `rate`: the arrival rate the pool is sized for (default: the replay's own, requests - 1 over
+    its span); each option's N starts at its stable count for it."""
+    if rate is None:
+        rate = Arrivals(times, times, "").rate
     best: tuple | None = None
     for opt in options:
-        got = least_instances(times, opt, ttft_s, percentile, max_gpus // opt.tp)
+        got = least_instances(times, opt, ttft_s, percentile, max_gpus // opt.tp, stable_instances(rate, opt))
         if got is None:
             continue
         n, st = got
@@ -117,28 +130,34 @@ def _mean_output(plan: Plan, req: PlanRequest) -> float:
     return float(req.lengths[1])
 
 
-def _arrivals(req: PlanRequest, mean_output: float, window: int) -> tuple[Arrivals, float]:
-    """The replayed arrivals and the rate the pools are sized for (prompts capped below the window)."""
+def _arrivals(req: PlanRequest, mean_output: float, window: int, workload) -> tuple[Arrivals, float]:
+    """The replayed arrivals and the rate the pools are sized for (prompts capped below the window).
+
+    Prompts come from the compiled, shaped workload (`workload`: `--scale-ctx` and
+    `--max-model-len` applied): Poisson draws from its kept requests; a trace's own arrivals take
+    the trace's timestamps (`from_trace`) with each prompt scaled by the same `--scale-ctx` factor.
+    The request edge (`PlanRequest._deployment_settings`) refused a law workload and a trace
+    whose timestamps span no time; the checks here only guard a request built otherwise."""
+    from opweave_planner.workload.shaping import _scaled  # the one --scale-ctx rule
+
     if req.arrivals == "trace":
         arr = from_trace(req.workload, req.rate_scale or 1.0)
-        if arr.times_s.size < 2:
-            raise UserError(f"--arrivals trace: {req.workload} has {arr.times_s.size} timestamped request; "
-                            f"expected at least 2")
         rate = arr.rate
-        if not np.isfinite(rate):
+        if arr.times_s.size < 2 or not np.isfinite(rate):
             raise UserError(f"--arrivals trace: the timestamps of {req.workload} span no time; expected "
                             f"requests at distinct times (or give --request-rate)")
+        if workload.scale != 1.0:
+            arr = Arrivals(arr.times_s, _scaled(arr.prompts, workload.scale), arr.source)
     else:
         rate = req.request_rate if req.request_rate is not None else req.target_tokens_per_s / mean_output
         if req.workload is None:
             prompts = req.lengths[0]
+        elif workload.prompt is None:
+            given = "--request-rate" if req.request_rate is not None else "--target-tokens-per-s"
+            raise UserError(f"{given} with --ttft and --workload: Poisson prompts are drawn from a trace's "
+                            f"requests; {req.workload} is a length law")
         else:
-            try:
-                prompts = from_trace(req.workload).prompts
-            except UserError as exc:
-                given = "--request-rate" if req.request_rate is not None else "--target-tokens-per-s"
-                raise UserError(f"{given} with --ttft and --workload: Poisson prompts are drawn from a trace "
-                                f"file with timestamps (Azure or Mooncake); {exc}") from None
+            prompts = workload.prompt
         arr = poisson(rate, POISSON_REQUESTS, prompts, POISSON_SEED)
     capped = np.minimum(arr.prompts, max(window - 1, 1))
     return Arrivals(arr.times_s, np.maximum(capped, 1), arr.source), float(rate)
@@ -182,23 +201,29 @@ def _options(req: PlanRequest, seq, hw, prompts: np.ndarray) -> list[PoolOption]
     return out
 
 
-def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, int]) -> Plan:
+def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, int], compiled=None) -> Plan:
     """`plan` with its disaggregated deployment: decode copies for rate x mean output, the
-    cheapest prefill pool meeting the TTFT SLO, and the all-in costs."""
-    from opweave_planner.inputs.model import load_model
+    cheapest prefill pool meeting the TTFT SLO, and the all-in costs.
+
+    `compiled`: the request's compiled problem (`compile.Compiled`), whose operator sequence and
+    shaped workload the pool is sized with (None: compiled here). `req` names the prefill pool's
+    enumeration (its GPU types and TP degrees): `simulate` passes the plan's searched request
+    beside a problem compiled for the plan's own owners."""
     from opweave_planner.plan import plan_version
     from opweave_planner.sizing import size_deployment
-    from opweave_planner.structure.operators import build_sequence
 
+    if compiled is None:
+        from opweave_planner.compile import compile_request
+
+        compiled = compile_request(req, hw)
     mean_out = _mean_output(plan, req)
-    arr, rate = _arrivals(req, mean_out, plan.workload.window)
+    arr, rate = _arrivals(req, mean_out, plan.workload.window, compiled.workload)
     tokens = rate * mean_out
     dep = size_deployment(plan, target_tokens_per_s=tokens, target_concurrency=req.target_concurrency,
                           gpus_per_node=gpus_per_node)
-    seq = build_sequence(load_model(req.model))
-    options = _options(req, seq, hw, arr.prompts)
+    options = _options(req, compiled.seq, hw, arr.prompts)
     ttft_s, pct = req.ttft / 1e3, req.ttft_at
-    choice = choose_pool(arr.times_s, options, ttft_s, pct)
+    choice = choose_pool(arr.times_s, options, ttft_s, pct, rate=rate)
     if choice is None:
         fastest = min((float(np.percentile(o.service_s + o.handoff_s, pct)) for o in options), default=math.inf)
         why = (f"an unqueued prefill + hand-off alone takes {fastest * 1e3:.0f} ms at p{pct:g}" if options else

@@ -416,7 +416,31 @@ class PlanRequest(BaseModel):
         if self.ctx is not None and self.lengths is None:
             raise UserError("--ttft: with --ctx, give --prompt-len and/or --output-len (a prompt's length "
                             "sets its prefill time)")
+        if self.workload is not None:
+            self._arrivals_readable()
         return self
+
+    def _arrivals_readable(self) -> None:
+        """What the prefill pool reads of the workload, checked here, before any search: a law has
+        no requests to draw Poisson prompts from, and a trace replayed by its own timestamps needs
+        them to span some time."""
+        from opweave_planner.workload.spec import LawSpec
+
+        if self.arrivals == "trace":
+            from opweave_planner.workload.arrivals import from_trace
+
+            arr = from_trace(self.workload, self.rate_scale or 1.0)
+            if arr.times_s.size < 2 or arr.times_s[-1] <= arr.times_s[0]:
+                raise UserError(f"--arrivals trace: the timestamps of {self.workload} span no time "
+                                f"({arr.times_s.size} timestamped request(s)); expected requests at distinct "
+                                f"times (or give --request-rate)")
+            return
+        from opweave_planner.workload.edge import workload_spec
+
+        if isinstance(workload_spec(workload=self.workload, shape=False), LawSpec):
+            given = "--request-rate" if self.request_rate is not None else "--target-tokens-per-s"
+            raise UserError(f"{given} with --ttft and --workload: Poisson prompts are drawn from a trace's "
+                            f"requests; {self.workload} is a length law (give a trace file)")
 
     def _lengths_fit(self) -> None:
         """One of --prompt-len / --output-len takes the rest of --ctx; both must leave a token each."""
