@@ -175,24 +175,11 @@ def _simplest(outcome, slack: float):
 
 
 def sized(doc, req: PlanRequest, hw: Hardware, compiled=None):
-    """`doc` with its deployment for the request's target load, if it names one; with --ttft the
-    whole disaggregated deployment (a prefill pool beside the decode copies), sized with
-    `compiled`'s operator sequence and shaped workload (None: compiled for it)."""
-    from opweave_planner.compile.space import node_size
-    from opweave_planner.plan import plan_version
-    from opweave_planner.sizing import size_deployment
+    """`doc` with its deployment for the request's target load (`deployment.sized`, which
+    `simulate` calls too)."""
+    from opweave_planner.deployment import sized as deploy
 
-    per_node = {g.id: node_size(g, req) for g in hw.gpus}
-    if req.disaggregated:
-        from opweave_planner.deployment import whole_deployment
-
-        return whole_deployment(doc, req, hw, per_node, compiled)
-    if req.target_tokens_per_s is None and req.target_concurrency is None:
-        return doc
-    dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
-                          target_concurrency=req.target_concurrency, gpus_per_node=per_node)
-    doc = doc.model_copy(update={"deployment": dep})
-    return doc.model_copy(update={"schema_version": plan_version(doc)})
+    return deploy(doc, req, hw, compiled)
 
 
 def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:

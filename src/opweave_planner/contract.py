@@ -334,7 +334,8 @@ class Reevaluation:
             "fits_memory": self.fits_memory,
             "gpus_total": p.gpus_total,
             "previous": {"usd_per_million_tokens": old.usd_per_million_tokens, "tpot_ms": old.tpot_ms,
-                         "tpot": None if old.tpot is None else old.tpot.model_dump()},
+                         "tpot": None if old.tpot is None else old.tpot.model_dump(),
+                         "deployment": None if old.deployment is None else old.deployment.model_dump()},
             "owners": [
                 {"index": o.index, "gpu": o.gpu, "tensor_parallel": o.tensor_parallel, "replicas": o.replicas,
                  "usd_per_hour_per_replica": o.usd_per_hour_per_replica, "busy_fraction": o.busy_fraction,
@@ -345,6 +346,7 @@ class Reevaluation:
             ],
             "metrics": p.metrics.model_dump(),
             "inputs_changed": self.inputs_changed,
+            "deployment": None if p.deployment is None else p.deployment.model_dump(),
         }
 
 
@@ -401,7 +403,8 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
         for key in CTX_ONLY:
             values.pop(key, None)
     if "ctx" in given:  # re-evaluate at one fixed context: drop the recorded workload settings
-        for key in ("workload", *WORKLOAD_ONLY, *DEPLOYMENT_ONLY):  # and the prefill pool (decode alone)
+        lengths = "prompt_len" in given or "output_len" in given  # the prefill pool needs a prompt length
+        for key in ("workload", *WORKLOAD_ONLY, *(() if lengths else DEPLOYMENT_ONLY)):
             values.pop(key, None)
     elif "workload" in given:  # another workload: its own shaping, the plan's percentile settings
         from opweave_planner.workload.reader import trace_sha256
@@ -411,8 +414,20 @@ def recorded_request(plan: Plan | Infeasible, **overrides: Any):
         if dist is None or dist.sha256 is None or trace_sha256(given["workload"]) != dist.sha256:
             for key in ("scale_ctx", "max_model_len", "overflow"):
                 values.pop(key, None)
+    for key in _replaced_rate_source(given):  # one rate source: a new one replaces the recorded one
+        values.pop(key, None)
     values.update(given)
     return make_request(**values)
+
+
+def _replaced_rate_source(given: dict[str, Any]) -> tuple[str, ...]:
+    """The recorded arrival settings a new rate source overrides (--request-rate,
+    --target-tokens-per-s or --arrivals trace: exactly one is in effect)."""
+    if "request_rate" in given or "target_tokens_per_s" in given or given.get("arrivals") == "poisson":
+        return ("request_rate", "target_tokens_per_s", "arrivals", "rate_scale")
+    if given.get("arrivals") == "trace":
+        return ("request_rate", "target_tokens_per_s")
+    return ()
 
 
 
@@ -474,7 +489,7 @@ def plan_context(plan: Plan, *, where: str = "plan", searched: bool = False, **o
     return compiled, tmpl, sel
 
 
-def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Reevaluation:
+def evaluate_plan(plan: Plan, *, where: str = "plan", deploy: bool = True, **overrides: Any) -> Reevaluation:
     """Re-simulate `plan`'s placement (no search) under new prices / network / profiles / traffic.
 
     `overrides` are PlanRequest settings (prices, catalog, profiles, network_bandwidth,
@@ -485,12 +500,22 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Reeva
     from opweave_planner.plan import build_plan, plan_version
     from opweave_planner.plan.binding import binding_of
 
+    overrides = {**overrides, **_recorded_sizing(plan, overrides)}  # only what overrides leave unset
     ctx, tmpl, sel = plan_context(plan, where=where, **overrides)
     new, ev = build_plan(ctx, tmpl, sel, plan.search)
     if plan.binding is not None:  # what binds it, judged again under the new inputs, in its searched space
         sctx, stmpl, ssel = plan_context(plan, where=where, searched=True, **overrides)
         new = new.model_copy(update={"binding": binding_of(sctx, stmpl, ssel, ev)})
         new = new.model_copy(update={"schema_version": plan_version(new)})
+    if deploy:  # an alternative is listed unsized, as the search lists it
+        new = _deployed(plan, new, ctx, overrides)
+    if plan.alternatives:  # each alternative re-simulated under the same inputs, listed against the plan
+        from opweave_planner.plan import with_alternatives
+
+        named = {name: evaluate_plan(alt.plan, where=f"{where} alternatives.{name}", deploy=False,
+                                     **overrides).plan
+                 for name, alt in plan.alternatives.items()}
+        new = with_alternatives(new, named)
     memory = [(float(n), float(u)) for n, u in zip(ev.memory_need, ev.memory_usable, strict=True)]
     changed = [label for key, label in _PROVENANCE_INPUTS
                if getattr(plan.provenance, key) != getattr(new.provenance, key)]
@@ -502,6 +527,35 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", **overrides: Any) -> Reeva
         fits_memory=ev.fits_memory,
         memory=memory, inputs_changed=changed,
     )
+
+
+def _recorded_sizing(plan: Plan, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The target load a plan's deployment was sized for that its recorded request does not carry
+    (--target-concurrency; --target-tokens-per-s of a decode-only sizing), unless `overrides`
+    name a load of their own."""
+    dep = plan.deployment
+    if dep is None:
+        return {}
+    out: dict[str, Any] = {}
+    if dep.target_concurrency is not None and overrides.get("target_concurrency") is None:
+        out["target_concurrency"] = dep.target_concurrency
+    rate_given = any(overrides.get(k) is not None for k in ("request_rate", "target_tokens_per_s", "arrivals"))
+    if dep.mode is None and dep.target_tokens_per_s is not None and not rate_given:
+        out["target_tokens_per_s"] = dep.target_tokens_per_s  # a disaggregated one records it in arrivals
+    return out
+
+
+def _deployed(plan: Plan, new: Plan, ctx, overrides: dict[str, Any]) -> Plan:
+    """`new` (re-simulated) with its deployment re-sized under the new inputs: decode copies for
+    the target load and, for a disaggregated plan, the prefill pool chosen again over the same
+    enumeration (the searched GPU types and TP degrees) with TTFT replayed under the new prices,
+    rates, arrivals or trace. `ctx` is compiled for the plan's own owners; the pool's enumeration
+    is the request's searched space."""
+    from opweave_planner.deployment import sized
+    from opweave_planner.inputs.request import with_model_window
+
+    full = with_model_window(recorded_request(plan, **overrides), ctx.seq.model.max_context)
+    return sized(new, full, ctx.hw, ctx)
 
 
 # ----------------------------------------------------------------------------- diff

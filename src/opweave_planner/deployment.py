@@ -32,7 +32,7 @@ from opweave_planner.plan.schema import ArrivalsOut, Plan, PrefillPoolOut
 from opweave_planner.workload.arrivals import Arrivals, from_trace, poisson
 
 __all__ = ["POISSON_REQUESTS", "POISSON_SEED", "PoolOption", "PoolChoice", "least_instances", "choose_pool",
-           "stable_instances", "whole_deployment"]
+           "sized", "stable_instances", "whole_deployment"]
 
 POISSON_REQUESTS = 20_000  # arrivals replayed for a Poisson rate (seeded: same plan bytes)
 POISSON_SEED = 0
@@ -71,7 +71,7 @@ def stable_instances(rate: float, opt: PoolOption) -> int:
     """The least N whose utilisation rate x mean prefill / N is below 1: fewer instances than this
     fall ever further behind (the M/G/c wait is infinite), even where a short bursty replay ends
     before its queue shows it."""
-    return int(math.floor(rate * float(opt.service_s.mean()))) + 1
+    return math.floor(rate * float(opt.service_s.mean())) + 1
 
 
 def least_instances(times: np.ndarray, opt: PoolOption, ttft_s: float, percentile: float,
@@ -199,6 +199,26 @@ def _options(req: PlanRequest, seq, hw, prompts: np.ndarray) -> list[PoolOption]
         out.append(PoolOption(gpu.id, tp, tp * gpu.price_per_hour, service, handoff[inverse],
                               default_chunk_tokens(gpu), measured))
     return out
+
+
+def sized(doc: Plan, req: PlanRequest, hw, compiled=None) -> Plan:
+    """`doc` with its deployment for the request's target load, if it names one; with --ttft the
+    whole disaggregated deployment (a prefill pool beside the decode copies), sized with
+    `compiled`'s operator sequence and shaped workload (None: compiled for it). The one place a
+    deployment mode is chosen: `api.plan` and `simulate` both come here."""
+    from opweave_planner.compile.space import node_size
+    from opweave_planner.plan import plan_version
+    from opweave_planner.sizing import size_deployment
+
+    per_node = {g.id: node_size(g, req) for g in hw.gpus}
+    if req.disaggregated:
+        return whole_deployment(doc, req, hw, per_node, compiled)
+    if req.target_tokens_per_s is None and req.target_concurrency is None:
+        return doc
+    dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
+                          target_concurrency=req.target_concurrency, gpus_per_node=per_node)
+    doc = doc.model_copy(update={"deployment": dep})
+    return doc.model_copy(update={"schema_version": plan_version(doc)})
 
 
 def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, int], compiled=None) -> Plan:

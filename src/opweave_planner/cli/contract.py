@@ -33,9 +33,13 @@ def schema_cmd(
 
 
 SIMULATE_OVERRIDES = ("prices", "catalog", "profiles", "network_bandwidth", "network_latency", "model", "ctx",
+                      "prompt_len", "output_len",
                       "workload", "scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv_quantile",
                       "preemptions_per_request",
-                      "scenarios", "seed")
+                      "scenarios", "seed",
+                      # the deployment: the target load, and the whole deployment's TTFT and arrivals
+                      "target_tokens_per_s", "target_concurrency", "ttft", "ttft_percentile", "request_rate",
+                      "arrivals", "rate_scale")
 
 
 @with_settings(SIMULATE_OVERRIDES)
@@ -102,6 +106,7 @@ def simulate_cmd(
             changed = ("none recorded; the figures differ, so the file was written by another latency model "
                        "than this opweave-planner's (or edited)")
         print(f"  inputs changed: {changed or 'none'}")
+        _deployment_words(ev.previous.deployment, ev.plan.deployment)
         from opweave_planner.cli.run_plan import unmeasured
         from opweave_planner.report import data_quality_warning
 
@@ -111,6 +116,25 @@ def simulate_cmd(
             print(warn, file=sys.stderr)
     if not (ev.meets_slo and ev.fits_memory):
         raise typer.Exit(1)
+
+
+def _deployment_words(old, new) -> None:
+    """The re-sized deployment's summary lines (TTFT at its percentile, the all-in USD/M), with
+    the all-in figure old -> new when both are whole deployments."""
+    if new is None:
+        if old is not None:
+            print("  deployment: not re-sized (the new request names no target load or TTFT)")
+        return
+    from opweave_planner.sizing import deployment_lines
+
+    for line in deployment_lines(new):
+        print(f"  {line}")
+    if old is not None and old.mode is not None and new.mode is not None:
+        a, b = old.usd_per_million_output_tokens_all_in, new.usd_per_million_output_tokens_all_in
+        ta, tb = old.prefill.ttft_ms, new.prefill.ttft_ms
+        pct = f" ({(b / a - 1) * 100:+.2f}%)" if a else ""
+        print(f"  all-in: {a:.6g} -> {b:.6g} USD per million output tokens{pct}; p{new.prefill.ttft_percentile:g} "
+              f"TTFT {ta:.6g} -> {tb:.6g} ms")
 
 
 def diff_cmd(
