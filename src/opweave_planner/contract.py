@@ -512,8 +512,12 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", deploy: bool = True, **ove
     if plan.alternatives:  # each alternative re-simulated under the same inputs, listed against the plan
         from opweave_planner.plan import with_alternatives
 
+        from opweave_planner.inputs.request import DEPLOYMENT_ONLY
+
+        unsized = {k: v for k, v in overrides.items()
+                   if k not in (*DEPLOYMENT_ONLY, "target_tokens_per_s", "target_concurrency")}
         named = {name: evaluate_plan(alt.plan, where=f"{where} alternatives.{name}", deploy=False,
-                                     **overrides).plan
+                                     **unsized).plan
                  for name, alt in plan.alternatives.items()}
         new = with_alternatives(new, named)
     memory = [(float(n), float(u)) for n, u in zip(ev.memory_need, ev.memory_usable, strict=True)]
