@@ -25,6 +25,11 @@ Every key other than the axes and `entry` is a PlanRequest setting under its one
 CLI flag without dashes: `max_gpus` for `--max-gpus`), at the top (every entry) or in an
 entry; `[space]` tables are accepted for matrices written before settings were unified.
 
+The whole deployment's settings and a fixed context's lengths (`prompt_len`, `output_len`,
+`ttft`, `ttft_percentile`, `request_rate`, `arrivals`, `rate_scale`) may also be lists: each list
+is one more axis of the cross product, and the file name carries the values
+(`..._ctx8k-isl7k-osl1k_slo60ms_ttft800ms-p90-rate6_...`).
+
 An entry gives `contexts` (fixed context lengths) or `workloads` (trace or law files relative
 to the matrix, or inline laws; `scale_ctx`, `slo_percentile`, ... as settings). Each entry
 becomes `<out>/<model>_ctx<ctx>_slo<slo>_<gpu+gpu>_<policy>.json` (a workload:

@@ -15,6 +15,9 @@ from opweave_planner.errors import UserError, printable
 # the cross-product axes of an [[entry]] and the PlanRequest field each one sets
 AXES = {"models": "model", "contexts": "ctx", "slos": "slo", "gpus": "gpus", "policies": "policy"}
 PATH_SETTINGS = ("prices", "catalog", "profiles")
+# settings an entry (or the top) may also give as a list: each list is one more axis of the
+# cross product, and the file name carries its value (the whole deployment's and --ctx's lengths)
+LISTED_SETTINGS = ("prompt_len", "output_len", "ttft", "ttft_percentile", "request_rate", "arrivals", "rate_scale")
 # regen's own key (not a PlanRequest setting): the runtime every plan must run on, or "any"
 DEPLOYABLE = "deployable"
 ANY_RUNTIME = "any"
@@ -111,16 +114,41 @@ def _settings(obj: Any, where: str, base: Path, allowed: tuple[str, ...]) -> dic
 
 
 def _length_label(req) -> str:
-    """ctx32k, or for a workload wl-<file stem>[-scale32k]."""
+    """ctx32k[-isl7k-osl1k], or for a workload wl-<file stem>[-scale32k]."""
     from opweave_planner.inputs.units import label_tokens
 
     if req.workload is None:
-        return f"ctx{label_tokens(req.ctx)}"
+        lengths = "" if req.lengths is None else f"-isl{label_tokens(req.lengths[0])}-osl{label_tokens(req.lengths[1])}"
+        return f"ctx{label_tokens(req.ctx)}{lengths}"
     from opweave_planner.workload.spec import named_file
 
     stem = Path(req.workload).stem if named_file(req.workload) is not None else req.workload
     scale = "" if req.scale_ctx is None else f"-scale{label_tokens(req.scale_ctx)}"
     return _safe(f"wl-{stem}{scale}")
+
+
+def _deployment_label(req) -> str:
+    """'' (decode only), or _ttft1000ms[-p99]-rate8 / -tps20000 / -trace[x40]: a whole deployment's
+    TTFT SLO and rate source."""
+    if not req.disaggregated:
+        return ""
+    pct = "" if req.ttft_percentile is None else f"-p{req.ttft_percentile:g}"
+    if req.arrivals == "trace":
+        rate = "-trace" + ("" if req.rate_scale is None else f"x{req.rate_scale:g}")
+    elif req.request_rate is not None:
+        rate = f"-rate{req.request_rate:g}"
+    else:
+        rate = f"-tps{req.target_tokens_per_s:g}"
+    return "_" + _safe(f"ttft{req.ttft:g}ms{pct}{rate}")
+
+
+def _listed(settings: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """`settings` once per combination of its LISTED_SETTINGS lists (a scalar is a list of one)."""
+    from itertools import product
+
+    keys = [k for k in LISTED_SETTINGS if isinstance(settings.get(k), list)]
+    lists = [_list(settings[k], k, where) for k in keys]
+    return [{**settings, **dict(zip(keys, combo, strict=True))} for combo in product(*lists)]
 
 
 def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path,
@@ -154,17 +182,21 @@ def _entry_tasks(entry: Any, ew: str, common: dict[str, Any], base: Path,
             for slo in lists["slos"]:
                 for gpus in lists["gpus"]:
                     for policy in lists["policies"]:
-                        label = printable(f"{ew} ({model}, {ctx}, {slo}, {gpus}, {policy})")
-                        length = {"workload": ctx} if "workloads" in entry else {"ctx": ctx}
-                        given = dict(model=str(model), slo=str(slo), gpus=str(gpus), policy=str(policy),
-                                     **{**settings, **length})
-                        try:
-                            req = _deployable_request(given, runtime)
-                            name = load_model(req.model).name
-                        except UserError as exc:
-                            raise UserError(f"{label}: {exc}") from None
-                        out.append((f"{_safe(name)}_{_length_label(req)}_slo{req.slo_ms:g}ms_"
-                                    f"{'+'.join(req.gpus)}_{req.policy.value}.json", req, label, runtime))
+                        for combo in _listed(settings, ew):
+                            listed = "".join(f", {k} {combo[k]}" for k in LISTED_SETTINGS
+                                             if isinstance(settings.get(k), list))
+                            label = printable(f"{ew} ({model}, {ctx}, {slo}, {gpus}, {policy}{listed})")
+                            length = {"workload": ctx} if "workloads" in entry else {"ctx": ctx}
+                            given = dict(model=str(model), slo=str(slo), gpus=str(gpus), policy=str(policy),
+                                         **{**combo, **length})
+                            try:
+                                req = _deployable_request(given, runtime)
+                                name = load_model(req.model).name
+                            except UserError as exc:
+                                raise UserError(f"{label}: {exc}") from None
+                            out.append((f"{_safe(name)}_{_length_label(req)}_slo{req.slo_ms:g}ms"
+                                        f"{_deployment_label(req)}_{'+'.join(req.gpus)}_{req.policy.value}.json",
+                                        req, label, runtime))
     return out
 
 
