@@ -223,13 +223,14 @@ def test_shipped_kernel_files_exist():
     assert files and all(f.is_file() and jit._cached_functions(f.read_text()) for f in files)
 
 
-def test_search_progress_is_work_weighted_and_withholds_the_eta_at_first():
-    """The search reports template-equivalents of estimated work and no total (so no ETA)
-    before ETA_AFTER of it; it ends at (templates, templates)."""
+def test_search_progress_is_work_weighted_and_always_gives_its_total():
+    """The callback contract (api.plan): template-equivalents of estimated work, non-decreasing,
+    and the total on every call (it was None before ETA_AFTER of the work); it ends at
+    (templates, templates). The ETA is withheld by the display instead."""
     from opweave_planner import api
     from opweave_planner.search.driver import ETA_AFTER, progress_report, template_work
 
-    assert progress_report(1.0, 100.0, 50) == (0, None)
+    assert progress_report(1.0, 100.0, 50) == (0, 50)
     assert progress_report(ETA_AFTER * 100.0, 100.0, 50) == (round(50 * ETA_AFTER), 50)
     assert progress_report(100.0, 100.0, 50) == (50, 50)
     assert template_work(16, 3) > template_work(4, 3) > template_work(4, 2)
@@ -237,7 +238,22 @@ def test_search_progress_is_work_weighted_and_withholds_the_eta_at_first():
     req = api.make_request("llama-3.1-8b", "60ms", "8k", gpus="h100,a100", max_owners=2, batches=(1, 8),
                            max_replicas=1, tensor_parallel_sizes=(1,))
     api.plan(req, progress=lambda d, t: calls.append((d, t)))
-    assert calls[0][1] is None and calls[-1][0] == calls[-1][1] is not None
+    assert len(calls) > 2 and len({t for _, t in calls}) == 1 and calls[0][1] is not None
+    assert calls[-1][0] == calls[-1][1]
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
-    withheld = [d for d, t in calls if t is None]
-    assert max(withheld) < ETA_AFTER * calls[-1][1] + 1
+    assert calls[0][0] < ETA_AFTER * calls[0][1]  # early calls exist, where the display withholds the ETA
+
+
+def test_the_display_withholds_the_eta_before_eta_after():
+    buf, clock = io.StringIO(), Clock()
+    with Progress("search", 100, file=buf, tty=False, clock=clock, interval_s=1.0, eta_after=0.2) as p:
+        for done in (5, 15, 25, 60):
+            clock.t += 2.0
+            p(done, 100)
+    lines = _lines(buf)
+    assert lines[0].endswith("ETA estimating") and lines[1].endswith("ETA estimating")
+    assert "ETA estimating" not in lines[2] and "ETA " in lines[2]
+    plain = io.StringIO()
+    with Progress("search", 100, file=plain, tty=False, clock=Clock(), interval_s=0.0) as p:
+        p(5, 100)
+    assert "estimating" not in plain.getvalue()  # eta_after defaults to 0: the ETA from the first call

@@ -189,6 +189,12 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:
     An opweave plan lists the cheapest plan of each simpler class (`alternatives`), from the
     same search; with --prefer-simpler the plan is the simplest within that share of the
     optimum, and the optimum is listed too.
+
+    `progress(done, total)`, if given, is called after each batch of templates: `done` is the
+    work done so far as template-equivalents of the estimated work, non-decreasing, and `total`
+    is always given (the template count; the last call has done == total). An ETA from the
+    first `search.driver.ETA_AFTER` (20 %) of it reads high; `report.Progress(eta_after=...)`
+    withholds it there.
     """
     from opweave_planner.compile import compile_request
     from opweave_planner.inputs.request import Policy

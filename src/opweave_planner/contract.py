@@ -510,9 +510,8 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", deploy: bool = True, **ove
     if deploy:  # an alternative is listed unsized, as the search lists it
         new = _deployed(plan, new, ctx, overrides)
     if plan.alternatives:  # each alternative re-simulated under the same inputs, listed against the plan
-        from opweave_planner.plan import with_alternatives
-
         from opweave_planner.inputs.request import DEPLOYMENT_ONLY
+        from opweave_planner.plan import with_alternatives
 
         unsized = {k: v for k, v in overrides.items()
                    if k not in (*DEPLOYMENT_ONLY, "target_tokens_per_s", "target_concurrency")}

@@ -421,13 +421,17 @@ class Progress:
     each ``step`` of the total, whichever comes first, and always a final line (also on a
     terminal, where the bar is transient). Usable as the ``progress(done, total)``
     callback itself: ``with Progress("templates") as p: api.plan(req, progress=p)``.
+    ``eta_after``: no ETA (plain: "ETA estimating"; the bar: no total yet) before this share
+    of the total is done, where the caller knows early rates mislead (the search: its first
+    templates carry cache loading, `search.driver.ETA_AFTER`).
     """
 
     def __init__(self, phase: str, total: int | None = None, *, enabled: bool = True,
                  file=None, tty: bool | None = None, interval_s: float = 5.0, step: float = 0.10,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, eta_after: float = 0.0) -> None:
         self.phase = phase
         self.total = total
+        self.eta_after = eta_after
         self.done = 0
         self.enabled = enabled
         self._file = file
@@ -502,7 +506,7 @@ class Progress:
             if not self.enabled:
                 return
             if self._bar is not None:
-                self._bar.update(self._task, completed=done, total=self.total)
+                self._bar.update(self._task, completed=done, total=self.total if self.eta_shown() else None)
                 return
             now = self._clock()
             frac = done / self.total if self.total else None
@@ -531,12 +535,17 @@ class Progress:
                 self._write(line)
 
     # -- text ----------------------------------------------------------------------
+    def eta_shown(self) -> bool:
+        """Whether enough of the total is done for an ETA (`eta_after`)."""
+        return bool(self.total) and self.done >= self.eta_after * self.total
+
     def status_line(self) -> str:
         el = self.elapsed()
         if not self.total:
             return f"{self.phase}: {self.done:,} done, elapsed {format_duration(el)}"
         frac = self.done / self.total
-        eta = format_duration(el * (self.total - self.done) / self.done) if self.done else "unknown"
+        eta = ("estimating" if not self.eta_shown() else
+               format_duration(el * (self.total - self.done) / self.done) if self.done else "unknown")
         return (f"{self.phase}: {self.done:,}/{self.total:,} ({frac:.0%}), elapsed {format_duration(el)}, "
                 f"ETA {eta}")
 

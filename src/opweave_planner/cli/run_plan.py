@@ -33,8 +33,10 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
         check_writable(out, "--out")  # before a long search, not after it
     req = api.make_request(**settings)
     report.announce_compile(jit.kernels_cache_is_warm(), enabled=not quiet)
+    from opweave_planner.search.driver import ETA_AFTER  # the search runs next
+
     start = time.perf_counter()
-    with report.Progress("search (template-equivalents of work)", enabled=not quiet) as bar:
+    with report.Progress("search (template-equivalents of work)", enabled=not quiet, eta_after=ETA_AFTER) as bar:
         outcome = api.plan(req, jobs=jobs, progress=bar)
     elapsed = time.perf_counter() - start
     result, infeasible = outcome.plan, outcome.infeasible

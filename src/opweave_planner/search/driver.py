@@ -120,16 +120,14 @@ def template_work(n_configs: int, owners: int) -> float:
     return TEMPLATE_OVERHEAD + float(n_configs * owners)
 
 
-def progress_report(done_work: float, total_work: float, templates: int) -> tuple[int, int | None]:
+def progress_report(done_work: float, total_work: float, templates: int) -> tuple[int, int]:
     """What `progress(done, total)` is told: the work done as template-equivalents of the
-    estimated work (so an ETA from it scales with work, not with template count), and no total,
-    hence no ETA, until ETA_AFTER of the work is done."""
+    estimated work (so an ETA from it scales with work, not with template count) and the total,
+    always the template count. An ETA read before ETA_AFTER of the total is unreliable; the
+    display withholds it (`report.Progress(eta_after=ETA_AFTER)`), the callback is not starved."""
     if total_work <= 0.0:
         return templates, templates
-    eq = min(templates, round(templates * done_work / total_work))
-    if done_work < ETA_AFTER * total_work:
-        return eq, None
-    return eq, templates
+    return min(templates, round(templates * done_work / total_work)), templates
 
 
 class _Run:
