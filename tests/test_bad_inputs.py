@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import AFD_PLAN, TINY, assert_one_line_error, run_cli
+from conftest import AFD_PLAN, GOLDEN, TINY, assert_one_line_error, run_cli
 
 from opweave_planner.contract import read_plan
 
@@ -579,3 +579,45 @@ def test_workload_settings_need_a_workload(argv, no_search):
 def test_a_missing_workload_file_is_one_line(tmp_path, no_search):
     ran = run_cli(*WORKLOAD_BASE, "--workload", tmp_path / "nope.csv")
     assert_one_line_error(ran, 2, "nope.csv")
+
+
+# --------------------------------------------------------------------------- the whole deployment (issue 27)
+# checked at the request edge, before the decode search (they used to surface only after it)
+
+
+@pytest.mark.parametrize(("rows", "argv", "needles"), [
+    (None, ("--workload", "lognormal:mean=2k,cv=1;out=geometric:mean=200", "--request-rate", "2"),
+     ("--request-rate with --ttft and --workload", "length law")),
+    (None, ("--workload", "lognormal:mean=2k,cv=1;out=geometric:mean=200", "--target-tokens-per-s", "900"),
+     ("--target-tokens-per-s with --ttft and --workload",)),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 50}\n' * 5, ("--arrivals", "trace"),
+     ("--arrivals trace", "span no time")),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 50}\n', ("--arrivals", "trace"),
+     ("--arrivals trace", "1 timestamped request")),
+    ("prompt_tokens,output_tokens\n600,50\n700,60\n", ("--arrivals", "trace"),
+     ("--arrivals trace", "expected CSV columns TIMESTAMP")),
+])
+def test_deployment_inputs_fail_before_the_search(rows, argv, needles, tmp_path, no_search):
+    if rows is not None:
+        trace = tmp_path / ("t.jsonl" if rows.startswith("{") else "t.csv")
+        trace.write_text(rows)
+        argv = ("--workload", str(trace), *argv)
+    ran = run_cli(*WORKLOAD_BASE, "--ttft", "1s", *argv)
+    assert_one_line_error(ran, 2, *needles)
+
+
+def test_an_alternative_that_cannot_be_sized_is_an_error_not_one_copy(tmp_path):
+    """The main plan records a target load; an alternative it cannot be sized on (here a TP2 owner
+    on a 1-GPU node) used to export one copy, saying the plan 'records no sizing'."""
+    golden = GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8_v1.10.json"
+    doc = json.loads(golden.read_text())
+    alt = {k: v for k, v in copy.deepcopy(doc).items() if k != "deployment"}
+    alt["search"]["space"]["gpus_per_node"] = 1
+    doc["alternatives"] = {"colocated": {"usd_per_million_tokens": alt["usd_per_million_tokens"],
+                                         "tpot_ms": alt["tpot_ms"], "cost_delta_pct": 0.0, "tpot_delta_pct": 0.0,
+                                         "num_stages": 1, "gpus_total": alt["gpus_total"], "plan": alt}}
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps(doc))
+    ran = run_cli("export", plan, "--to", "vllm", "--out", tmp_path / "o", "--alternative", "colocated")
+    assert_one_line_error(ran, 2, "--alternative colocated", "8192 tokens/s", "does not fit")
+    assert not (tmp_path / "o").exists()

@@ -230,8 +230,11 @@ def _deployment(plan, raw: dict[str, Any], alt: str | None, hw):
     try:
         return size_deployment(plan, target_tokens_per_s=tokens, target_concurrency=conc,
                                gpus_per_node={g.id: min(g.gpus_per_node, gpn or g.gpus_per_node) for g in hw.gpus})
-    except UserError:
-        return None
+    except UserError as exc:  # never a silent "records no sizing": the plan does record a target load
+        load = " and ".join(x for x in (f"{tokens:g} tokens/s" if tokens is not None else "",
+                                        f"{conc} concurrent requests" if conc is not None else "") if x)
+        raise UserError(f"--alternative {alt}: the plan's target load ({load}) cannot be sized on this "
+                        f"alternative ({exc}); export the plan itself, or re-plan") from None
 
 
 def sizing_note(ctx: Context) -> str:

@@ -429,7 +429,10 @@ class PlanRequest(BaseModel):
         if self.arrivals == "trace":
             from opweave_planner.workload.arrivals import from_trace
 
-            arr = from_trace(self.workload, self.rate_scale or 1.0)
+            try:
+                arr = from_trace(self.workload, self.rate_scale or 1.0)
+            except UserError as exc:
+                raise UserError(f"--arrivals trace: {exc}") from None
             if arr.times_s.size < 2 or arr.times_s[-1] <= arr.times_s[0]:
                 raise UserError(f"--arrivals trace: the timestamps of {self.workload} span no time "
                                 f"({arr.times_s.size} timestamped request(s)); expected requests at distinct "
