@@ -51,7 +51,10 @@ def simulate_cmd(
 ) -> None:
     """Re-evaluate a plan under new prices, network, profiles or traffic without searching (each
     setting defaults to what the plan recorded; --prices overrides only the GPUs it names;
-    --workload or --ctx checks the same placement against other request lengths).
+    --workload or --ctx checks the same placement against other request lengths). A plan's
+    deployment is re-sized: decode copies for the target load and, with --ttft, the prefill pool
+    chosen again for the TTFT under the new prices, rates or arrivals (docs/deployment.md);
+    --out keeps the deployment and the alternatives.
 
     Exit 0 when it still meets its SLO and fits memory, 1 when it does not, 2 on bad input.
     """
@@ -129,12 +132,13 @@ def _deployment_words(old, new) -> None:
 
     for line in deployment_lines(new):
         print(f"  {line}")
-    if old is not None and old.mode is not None and new.mode is not None:
-        a, b = old.usd_per_million_output_tokens_all_in, new.usd_per_million_output_tokens_all_in
-        ta, tb = old.prefill.ttft_ms, new.prefill.ttft_ms
+    a, b = (getattr(d, "usd_per_million_output_tokens_all_in", None) for d in (old, new))
+    if a is not None and b is not None:
         pct = f" ({(b / a - 1) * 100:+.2f}%)" if a else ""
-        print(f"  all-in: {a:.6g} -> {b:.6g} USD per million output tokens{pct}; p{new.prefill.ttft_percentile:g} "
-              f"TTFT {ta:.6g} -> {tb:.6g} ms")
+        line = f"  all-in: {a:.6g} -> {b:.6g} USD per million output tokens{pct}"
+        if old.prefill is not None and new.prefill is not None:
+            line += f"; p{new.prefill.ttft_percentile:g} TTFT {old.prefill.ttft_ms:.6g} -> {new.prefill.ttft_ms:.6g} ms"
+        print(line)
 
 
 def diff_cmd(
