@@ -115,7 +115,9 @@ def test_least_instances_replays_a_few_counts_and_not_the_largest(monkeypatch):
     want, _ = least_instances(arr.times_s, opt, 0.5, 95.0, 64)  # from 1: the same least count
     assert n == want
     seen.clear()
-    assert least_instances(arr.times_s, opt, 0.15, 95.0, 16, 5) is None and seen[-1] == 16
+    assert least_instances(arr.times_s, opt, 0.15, 95.0, 16, 5) is None and seen == []  # 0.2 s alone misses
+    slow = PoolOption("g", 1, 1.0, np.full(2000, 0.2), np.zeros(2000))
+    assert least_instances(arr.times_s, slow, 0.21, 95.0, 5, 5) is None and seen == [5]  # 5 servers: 1.0 busy
 
 
 def test_a_short_burst_never_gets_an_over_utilised_pool():
@@ -266,3 +268,23 @@ def test_a_bursty_trace_plan_reads_back(tmp_path):
     pool = doc.deployment.prefill
     assert pool.instances >= 2 and pool.utilisation < 1 and pool.mgc_wait_mean_ms >= 0  # 1 would be 1.42
     assert parse_plan(orjson.loads(plan_bytes(doc)), "p.json").deployment == doc.deployment
+
+
+def test_the_pool_is_sized_with_the_compiled_problem(monkeypatch):
+    """Given the compiled problem, sizing neither rebuilds the operator sequence nor compiles again."""
+    import opweave_planner.compile as compile_pkg
+    import opweave_planner.structure.operators as operators
+    from opweave_planner import deployment
+
+    req = api.make_request(**BASE, policy="colocated", batches="8,16", max_owners=1, prompt_len="7k",
+                           output_len="1k", ttft="800ms", request_rate=6)
+    ctx = compile_pkg.compile_request(req)
+    doc = api.plan(req).plan
+    bare = doc.model_copy(update={"deployment": None})
+
+    def boom(*a, **kw):
+        raise AssertionError("rebuilt what the compiled problem holds")
+
+    monkeypatch.setattr(operators, "build_sequence", boom)
+    monkeypatch.setattr(compile_pkg, "compile_request", boom)
+    assert deployment.sized(bare, req, ctx.hw, ctx).deployment == doc.deployment

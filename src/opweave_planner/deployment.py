@@ -74,14 +74,20 @@ def stable_instances(rate: float, opt: PoolOption) -> int:
     return math.floor(rate * float(opt.service_s.mean())) + 1
 
 
+def unqueued_percentile(opt: PoolOption, percentile: float) -> float:
+    """The TTFT percentile with no wait (prefill + hand-off): the floor any N approaches."""
+    return float(np.percentile(opt.service_s + opt.handoff_s, percentile))
+
+
 def least_instances(times: np.ndarray, opt: PoolOption, ttft_s: float, percentile: float,
                     max_instances: int, min_instances: int = 1) -> tuple[int, TtftStats] | None:
     """The least N in [min_instances, max_instances] whose replayed TTFT percentile is <= ttft_s
     (None: none is). The percentile is non-increasing in N (every wait is), so doubling from
     min_instances then bisection finds it in O(log N) replays, the largest N replayed only when
-    the doubling reaches it."""
+    the doubling reaches it. An option whose unqueued prefill + hand-off alone misses the SLO
+    (every wait is >= 0, so no N does better) is refused without a replay."""
     lo = max(int(min_instances), 1)
-    if max_instances < lo:
+    if max_instances < lo or unqueued_percentile(opt, percentile) > ttft_s:
         return None
     bad, n = lo - 1, lo  # bad: the largest count known to miss
     while True:  # doubling the step above lo: the first count that meets it
@@ -245,7 +251,7 @@ def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, 
     ttft_s, pct = req.ttft / 1e3, req.ttft_at
     choice = choose_pool(arr.times_s, options, ttft_s, pct, rate=rate)
     if choice is None:
-        fastest = min((float(np.percentile(o.service_s + o.handoff_s, pct)) for o in options), default=math.inf)
+        fastest = min((unqueued_percentile(o, pct) for o in options), default=math.inf)
         why = (f"an unqueued prefill + hand-off alone takes {fastest * 1e3:.0f} ms at p{pct:g}" if options else
                "no searched (GPU type, TP) holds the weights and one prompt's KV")
         raise UserError(f"--ttft: no prefill pool of {','.join(req.gpus)} TP "
