@@ -73,3 +73,41 @@ def test_a_bad_listed_setting_names_the_entry(matrix):
     matrix.write_text(MATRIX.replace('request_rate = [4, 6]', 'request_rate = []'))
     with pytest.raises(UserError, match="non-empty list"):
         load_matrix(matrix)
+
+
+HYSTERESIS = """
+prices = "prices.toml"
+max_owners = 2
+batches = [8, 16, 32, 64]
+max_replicas = 2
+tensor_parallel_sizes = [1, 2]
+target_tokens_per_s = {tokens}
+
+[[entry]]
+models = "qwen3-30b-a3b"
+contexts = "8k"
+slos = "40ms"
+gpus = "h100,a100"
+policies = "afd"
+"""
+
+
+def test_a_kept_placement_is_re_sized_for_the_entry_s_new_load(tmp_path):
+    """Hysteresis keeps a placement re-evaluated under the entry's inputs, its target load
+    included: the kept file is sized for the new target, not the one it was made for (a100
+    1.74 -> 2.00 moves this optimum by less than 5 %, tests/test_regen_hysteresis.py)."""
+    (tmp_path / "prices.toml").write_text("h100 = 3.49\na100 = 1.74\n")
+    m = tmp_path / "matrix.toml"
+    m.write_text(HYSTERESIS.format(tokens=5000))
+    out = tmp_path / "plans"
+    assert regen(m, out).count("new") == 1
+    name = "qwen3-30b-a3b_ctx8k_slo40ms_h100+a100_afd.json"
+    before = read_plan(out / name)
+    assert before.deployment.target_tokens_per_s == 5000
+    (tmp_path / "prices.toml").write_text("h100 = 3.49\na100 = 2.00\n")
+    m.write_text(HYSTERESIS.format(tokens=9000))
+    report = regen(m, out, hysteresis="5%")
+    kept = read_plan(out / name)
+    assert [f.name for f in report.kept] == [name]
+    assert kept.deployment.target_tokens_per_s == 9000 and kept.deployment.copies >= before.deployment.copies
+    assert (kept.template, kept.global_batch) == (before.template, before.global_batch)  # the placement kept

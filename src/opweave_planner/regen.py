@@ -102,6 +102,9 @@ _PERCENT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)\s*")
 TOPOLOGY_ASPECTS = ("placement", "gpus", "batch", "feasibility", "request")
 # PlanRequest settings an existing plan is re-evaluated under (the entry's new inputs)
 _REEVAL_INPUTS = ("prices", "catalog", "profiles", "network_bandwidth", "network_latency", "model")
+# and the entry's target load and whole-deployment settings: a kept placement is re-sized for them
+_REEVAL_LOAD = ("target_tokens_per_s", "target_concurrency", "ttft", "ttft_percentile", "request_rate", "arrivals",
+                "rate_scale")
 
 
 def parse_hysteresis(text: object, field: str = "--hysteresis") -> float:
@@ -190,7 +193,7 @@ def run_job(job: RegenJob) -> EntryResult:
         return EntryResult(optimum)
     if not isinstance(prev, Plan) or not topology_changes(prev, plan):
         return EntryResult(optimum)
-    overrides = {k: getattr(task.request, k) for k in _REEVAL_INPUTS}
+    overrides = {k: getattr(task.request, k) for k in (*_REEVAL_INPUTS, *_REEVAL_LOAD)}
     try:
         ev = evaluate_plan(prev, where=task.name, **overrides)
     except Exception as exc:  # never worse than a plain regen: the optimum is written
@@ -203,6 +206,8 @@ def run_job(job: RegenJob) -> EntryResult:
         why = "the previous plan answers a different request"
     elif prev.search.space != plan.search.space:
         why = "the previous plan was searched over a different space"
+    elif _load_of(again) != _load_of(plan):
+        why = "the previous plan's deployment answers a different target load or TTFT"
     elif again.provenance != plan.provenance:
         diff = [k for k in type(plan.provenance).model_fields
                 if getattr(again.provenance, k) != getattr(plan.provenance, k)]
@@ -219,6 +224,17 @@ def run_job(job: RegenJob) -> EntryResult:
         note = f"kept: {_premium(pct)} (<= {job.hysteresis:g} %)"
         return EntryResult(plan_bytes(again), kept=True, premium_pct=pct, note=note)
     return EntryResult(optimum, premium_pct=pct, note=f"replaced: {_premium(pct)} (> {job.hysteresis:g} %)")
+
+
+def _load_of(doc) -> tuple | None:
+    """What a plan's deployment was sized for (the request's side of it, not the figures)."""
+    d = doc.deployment
+    if d is None:
+        return None
+    a, p = d.arrivals, d.prefill
+    return (d.mode, d.target_concurrency, d.target_tokens_per_s if a is None else None,
+            None if a is None else (a.process, a.request_rate, a.target_tokens_per_s, a.rate_scale),
+            None if p is None else (p.ttft_slo_ms, p.ttft_percentile))
 
 
 def _runs(runtime: str, doc: dict) -> bool:
