@@ -11,9 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from test_search_exact import SETTINGS, assert_kernel_matches, brute_force
+from test_search_workload_exact import workload_instances, workload_problem
 
 from opweave_planner import api
 from opweave_planner.compile.compiled import compile_request
+from opweave_planner.compile.problem import typed
 from opweave_planner.compile.tables import owner_mixes, owner_sum
 from opweave_planner.compile.traffic import EVENT_GRID, FULL, KV_SUM_GRID, KvReserve
 from opweave_planner.workload.edge import trace_workload, workload_spec
@@ -133,3 +138,18 @@ def test_loosening_the_targets_of_a_window_plan_never_raises_cost():
     costs = [api.plan(api.make_request(**GEMMA, kv_quantile=q)).plan.usd_per_million_tokens
              for q in (0.9999, 0.999, 0.99)]
     assert costs == sorted(costs, reverse=True), costs
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(workload_instances(), st.data())
+def test_kernel_equals_brute_force_with_a_reserve_row_per_owner_and_config(inst, data):
+    """Owners of one template hold different mixes of window and full layers, so each (owner,
+    config) reads its own reserve row: the kernel's memory check (points) and the evaluator's
+    (brute force) read the same one."""
+    p = typed(workload_problem(inst))
+    k, c_n, _ = p.kv_units.shape
+    scale = np.array([[data.draw(st.integers(0, 4)) / 4 for _ in range(c_n)] for _ in range(k)])
+    p = p._replace(kv_units=p.kv_units * scale[:, :, None])
+    best, feasible = brute_force(inst, problem=p)
+    event("infeasible" if best is None else "feasible")
+    assert_kernel_matches(inst, best, feasible, problem=p)

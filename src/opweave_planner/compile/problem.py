@@ -201,7 +201,7 @@ def typed_part(part):
 def typed(p: Problem) -> Problem:
     """Every field at its annotated dtype (numba then compiles one specialisation, and its cache
     hits); the fields a fixed context leaves None get their values."""
-    if p.configs.kvcpref is None or None in p.traffic or p.stages.kv_units is None:
+    if p.configs.kvcpref is None or any(v is None for v in p.traffic) or p.stages.kv_units is None:
         missing = {name: make() for name, make in _fixed_context(p).items() if getattr(p, name) is None}
         p = p._replace(**missing)
     return p._make(typed_part(part) for part in p)

@@ -181,8 +181,8 @@ EVENT_TAIL = 1e-15
 
 @dataclass(frozen=True, eq=False)
 class KvEvents:
-    """Up-crossing and exceedance of every capacity for ``n`` resident requests, in context
-    tokens (:func:`kv_events`): capacity ``base + k * step`` has ``nu_up[k]``, the chance per
+    """Up-crossing and exceedance of every capacity for ``n`` resident requests, in the units of
+    one request's ``kv_bytes(c, per_token, windows)`` (:func:`kv_events`; by default context tokens): capacity ``base + k * step`` has ``nu_up[k]``, the chance per
     step that the summed context crosses it, and ``above[k]``, the share of steps above it."""
 
     n: int
