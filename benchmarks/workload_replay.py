@@ -23,7 +23,8 @@ through its placement step by step with continuous batching:
   max-plus recurrence (`schedule.kernels._one_iteration`) with those times: a real time-
   varying schedule, not a steady state per snapshot;
 * the step TPOT of a microbatch is the time between its consecutive tokens; the KV memory of
-  each replica is summed over its resident requests every step.
+  each replica is summed over its resident requests every step, a sliding-window layer at
+  min(context, window) per request, as a paged runtime holds it.
 
 It prints the replayed p50/p95/p99 step TPOT against the plan's predicted figures, and the
 peak replayed memory per GPU against the memory the plan reserved; it also counts the steps
@@ -66,9 +67,12 @@ CASES = {
 }
 
 
-def _stage_tables(prob, sel):
-    """kt[j, g]: stage j's time at knot g; per owner its stages, KV per token / per request,
-    weights and workspace per GPU (the evaluator's own functions)."""
+def _stage_tables(prob, sel, tables):
+    """kt[j, g]: stage j's time at knot g; per owner its stages, KV per reserved unit / per request,
+    weights and workspace per GPU (the evaluator's own functions), and the KV mix that turns a
+    context into reserved units (a sliding-window layer holds min(context, window), as a paged
+    runtime does)."""
+    from opweave_planner.compile.tables import owner_mixes
     from opweave_planner.search.evaluate import range_sum, stage_time
 
     s_n = prob.stage_owner.size
@@ -86,7 +90,8 @@ def _stage_tables(prob, sel):
         w = sum(range_sum(prob.wpref[c], prob.stage_start[j], prob.stage_end[j]) for j in js)
         tok = sum(range_sum(prob.kvpref[c], prob.stage_start[j], prob.stage_end[j]) for j in js)
         req = sum(range_sum(prob.kvcpref[c], prob.stage_start[j], prob.stage_end[j]) for j in js)
-        mem.append((w, tok, req, float(prob.cfg_ws[c])))
+        mix = owner_mixes(tables, prob.stage_owner, prob.stage_start, prob.stage_end, o)[c]
+        mem.append((w, tok, req, float(prob.cfg_ws[c]), mix))
     return kt, mem
 
 
@@ -118,11 +123,12 @@ def replay(plan, steps: int, warmup: int, seed: int):
     from opweave_planner.contract import plan_context
     from opweave_planner.schedule.kernels import _one_iteration
     from opweave_planner.search.evaluate import evaluate
+    from opweave_planner.workload.kv import kv_bytes
 
     ctx, tmpl, sel = plan_context(plan, where="replay")
     prob = ctx.problem(tmpl, batches=(sel.batch,))
     ev = evaluate(prob, sel)
-    kt, mem = _stage_tables(prob, sel)
+    kt, mem = _stage_tables(prob, sel, ctx.tables)
     wl = ctx.workload
     k, mu, B, s_n = prob.k, sel.mu, sel.batch, prob.stage_owner.size
     bh = [int(prob.mb_grid[m]) for m in sel.mb]
@@ -143,10 +149,10 @@ def replay(plan, steps: int, warmup: int, seed: int):
     for it in range(warmup + steps):
         c = slots.contexts().astype(np.float64)
         for o in range(k):  # memory of every replica of owner o: its mu x bh residents
-            w, tok, req, ws = mem[o]
+            w, tok, req, ws, mix = mem[o]
             for r in range(int(sel.replicas[o])):
                 mine = np.concatenate([c[i * per + r * bh[o]: i * per + (r + 1) * bh[o]] for i in range(mu)])
-                need = w + tok * mine.sum() + req * mine.size + ws * bh[o]
+                need = w + tok * kv_bytes(mine, *mix).sum() + req * mine.size + ws * bh[o]
                 peak[o] = max(peak[o], need)
                 if it >= warmup:
                     over[0] += need > reserved[o] * (1 + 1e-8)
@@ -186,22 +192,22 @@ def episodes(plan, steps: int, warmup: int, seed: int, trace: str | None = None)
     from opweave_planner.compile.traffic import EVENT_GRID
     from opweave_planner.contract import plan_context
     from opweave_planner.search.evaluate import evaluate
-    from opweave_planner.workload.kv import kv_events
+    from opweave_planner.workload.kv import kv_bytes, kv_events
 
     over = {} if trace is None else {"workload": trace}
     ctx, tmpl, sel = plan_context(plan, where="replay", **over)
     prob = ctx.problem(tmpl, batches=(sel.batch,))
     ev = evaluate(prob, sel)
-    _kt, mem = _stage_tables(prob, sel)
+    _kt, mem = _stage_tables(prob, sel, ctx.tables)
     wl = ctx.workload
     reps = _replicas(sel, prob, sel.mu)
     caps = []
     for o, idx in reps:
-        _w, tok, _req, _ws = mem[o]
-        res = float(prob.traffic.units[idx.size])
+        _w, tok, _req, _ws, _mix = mem[o]
+        res = float(prob.kv_units[o, sel.cfg[o], idx.size])
         use = res + (float(ev.memory_usable[o]) - float(ev.memory_need[o])) / tok if tok > 0 else np.inf
         caps.append((res, use))
-    cap = np.array(caps)  # [replica, (reserve, usable)] in context tokens
+    cap = np.array(caps)  # [replica, (reserve, usable)] in reserved units (the owner's KV mix)
     owner_of = np.array([o for o, _ in reps])
     sel_idx = [idx for _, idx in reps]
     rng = np.random.default_rng(seed)
@@ -212,7 +218,7 @@ def episodes(plan, steps: int, warmup: int, seed: int, trace: str | None = None)
     finished = 0
     for it in range(warmup + steps):
         c = slots.contexts()
-        s = np.array([c[i].sum() for i in sel_idx], dtype=np.float64)[:, None]
+        s = np.array([kv_bytes(c[i], *mem[o][4]).sum() for (o, _), i in zip(reps, sel_idx, strict=True)])[:, None]
         if it >= warmup:
             above += s > cap
             if prev is not None:
@@ -222,8 +228,8 @@ def episodes(plan, steps: int, warmup: int, seed: int, trace: str | None = None)
         if it >= warmup:
             finished += k
     pred = np.zeros_like(cap)
-    for r, (_o, idx) in enumerate(reps):
-        law = kv_events(wl, idx.size, EVENT_GRID)
+    for r, (o, idx) in enumerate(reps):
+        law = kv_events(wl, idx.size, EVENT_GRID, *mem[o][4])
         pred[r] = [law.per_step(x) * steps for x in cap[r]]
     by_owner = np.array([ups[owner_of == o].sum(axis=0) for o in range(prob.k)])  # every owner serves every request
     return {"replica_steps": steps * len(reps), "ups": ups.sum(axis=0), "pred": pred.sum(axis=0),

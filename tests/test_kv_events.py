@@ -13,7 +13,7 @@ import pytest
 from opweave_planner import api
 from opweave_planner.plan import plan_version
 from opweave_planner.workload.edge import workload_spec
-from opweave_planner.workload.kv import kv_events, kv_sum_bounds
+from opweave_planner.workload.kv import kv_bytes, kv_events, kv_sum_bounds
 from opweave_planner.workload.shaping import materialize, request_ends
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
@@ -54,6 +54,35 @@ def test_up_crossings_match_the_enumerated_chain(tmp_path, n):
     for cap in range(base, 12 * n):
         assert ev.per_step(cap) == pytest.approx(nu.get(cap, 0.0), abs=1e-12), cap
         assert ev.per_request(cap) == pytest.approx(nu.get(cap, 0.0) * wl.mean_output / n, abs=1e-12)
+
+
+MIX = dict(per_token=1.0, windows=((4, 2.0),))  # x(c) = c + 2 min(c, 4): integers, one bin each
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_up_crossings_of_a_window_mix_match_the_enumerated_chain(tmp_path, n):
+    """Sliding-window layers hold min(c, window): a slot below the window grows by 3, past it by 1."""
+    wl = _tiny(tmp_path)
+    ev = kv_events(wl, n, **MIX)
+    assert ev.step == 1.0
+
+    def x(c):
+        return float(kv_bytes(c, **MIX))
+
+    nu: dict[int, float] = {}
+    above: dict[int, float] = {}
+    for combo in itertools.product(_pair_law().items(), repeat=n):
+        pr = float(np.prod([w for _, w in combo]))
+        s0, s1 = sum(x(c[0]) for c, _ in combo), sum(x(c[1]) for c, _ in combo)
+        for cap in range(int(s0), int(s1)):
+            nu[cap] = nu.get(cap, 0.0) + pr
+        above[int(s0)] = above.get(int(s0), 0.0) + pr
+    base = n * x(min(p for p, _ in ROWS))
+    assert ev.base == base
+    tops = sorted(above)
+    for cap in range(int(base), 30 * n):
+        assert ev.per_step(cap) == pytest.approx(nu.get(cap, 0.0), abs=1e-12), cap
+        assert ev.share_above(cap) == pytest.approx(sum(above[t] for t in tops if t > cap), abs=1e-12), cap
 
 
 def test_up_crossings_match_a_monte_carlo_run_of_a_clipped_law():

@@ -50,6 +50,9 @@ class Stages(NamedTuple):
     payload: array(np.float64, "S")  # bytes per request sent after stage j
     cfg_ok: array(np.bool_, "k C")  # configs an owner may take
     k: int  # owners
+    # per owner and config, the reserved units of n resident requests: Traffic.units where the owner's
+    # KV is full attention only, else its own mix of window and full layers' (None: Traffic.units)
+    kv_units: array(np.float64, "k C B+") = None
 
 
 class Configs(NamedTuple):
@@ -58,7 +61,7 @@ class Configs(NamedTuple):
     pref: array(np.float64, "C M N1")  # latency prefix sums per microbatch size
     mpref: array(np.float64, "C M N1")  # prefix sums of the measured part of the latency
     wpref: array(np.float64, "C N1")  # weight bytes per GPU
-    kvpref: array(np.float64, "C N1")  # KV bytes per GPU per reserved unit (Traffic.units)
+    kvpref: array(np.float64, "C N1")  # KV bytes per GPU per reserved unit (Stages.kv_units)
     cfg_price: array(np.float64, "C")  # USD per GPU-hour
     cfg_mem: array(np.float64, "C")  # usable bytes per GPU
     cfg_ws: array(np.float64, "C")  # workspace bytes per request per GPU
@@ -101,7 +104,10 @@ class Limits(NamedTuple):
 class Traffic(NamedTuple):
     """Memory of n resident requests is units[n] x kvpref + n x kvcpref: a fixed context has
     units[n] = n and kvpref a request's whole KV; a workload reserves units[n] context tokens (a
-    quantile of their sum, at least one request at the longest context). A workload also has
+    quantile of their sum, at least one request at the longest context) where an owner's KV is
+    full attention only, and its own row of Stages.kv_units where it has window layers (kvpref:
+    bytes per token below the window; the row counts a window layer at min(context, window)). A
+    workload also has
     stage latencies at context knots and the scenarios' per-slot context prefix sums (all empty
     for a fixed context). None: a fixed context's value, filled by `typed`."""
 
@@ -179,7 +185,9 @@ def _fixed_context(p: Problem) -> dict:
     c_n, m_n, n1 = p.configs.pref.shape
     top = int(np.max(p.grid.batches))
     workload = p.traffic.knots is not None and len(p.traffic.knots) > 0
-    return {"kvcpref": lambda: np.zeros_like(p.configs.kvpref), "units": lambda: np.arange(top + 1, dtype=np.float64),
+    units = np.arange(top + 1, dtype=np.float64) if p.traffic.units is None else np.asarray(p.traffic.units)
+    return {"kvcpref": lambda: np.zeros_like(p.configs.kvpref), "units": lambda: units,
+            "kv_units": lambda: np.broadcast_to(units, (p.stages.k, c_n, units.size)),
             "knots": lambda: np.zeros(0), "kpref": lambda: np.zeros((c_n, m_n, 0, n1)),
             "scen_cs": lambda: np.zeros((0, top + 1)), "knot_free": lambda: np.full((c_n, c_n), not workload, np.bool_)}
 
@@ -193,7 +201,7 @@ def typed_part(part):
 def typed(p: Problem) -> Problem:
     """Every field at its annotated dtype (numba then compiles one specialisation, and its cache
     hits); the fields a fixed context leaves None get their values."""
-    if p.configs.kvcpref is None or None in p.traffic:
+    if p.configs.kvcpref is None or any(v is None for v in p.traffic) or p.stages.kv_units is None:
         missing = {name: make() for name, make in _fixed_context(p).items() if getattr(p, name) is None}
         p = p._replace(**missing)
     return p._make(typed_part(part) for part in p)

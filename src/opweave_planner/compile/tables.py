@@ -11,7 +11,14 @@ import numpy as np
 
 from opweave_planner.compile.problem import Configs, Fabric, Grid, Stages, Traffic
 from opweave_planner.compile.space import microbatch_grid, node_size
-from opweave_planner.compile.traffic import WorkloadArrays, kv_parts, lower_tables
+from opweave_planner.compile.traffic import (
+    FULL,
+    KvReserve,
+    WorkloadArrays,
+    kv_mix,
+    kv_parts,
+    lower_tables,
+)
 from opweave_planner.inputs.hardware import GpuType, Hardware
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.latency.interp import INTERPOLATED
@@ -40,6 +47,10 @@ class Tables(NamedTuple):
     traffic: Traffic
     moe_pref: np.ndarray  # int64[N+1]: routed-expert operators before each position (owner rule)
     expert_parallel: np.ndarray  # bool[C]: the config shards routed experts
+    # a workload: sliding-window bytes per GPU per context token, prefix sums per window length
+    # (their part of kvpref), and the reserve of any KV mix; () and None for a fixed context
+    kv_windows: tuple[tuple[int, np.ndarray], ...] = ()
+    reserve: KvReserve | None = None
 
 
 def usable_per_gpu(gpu, tp: int, req) -> float:
@@ -75,6 +86,7 @@ def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: Work
     kpref = np.zeros((c_n, m_n, knots.size, n + 1))
     knot_lat = []
     max_out = max(op.out_bytes for op in seq.ops)
+    win_pref = {} if wa is None else {w: np.zeros((c_n, n + 1)) for w in sorted({op.kv_window for op in seq.ops} - {0})}
     cfg_mem, cfg_ws = np.zeros(c_n), np.zeros(c_n)
     for c, cfg in enumerate(configs):
         tp = cfg.parallel.tp
@@ -85,8 +97,10 @@ def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: Work
         if wa is None:
             kvpref[c, 1:] = np.cumsum([kv_shard(op, tp, context) for op in seq.ops])
         else:
-            parts = np.array([kv_parts(op, tp, wa.workload.max_context, kv_shard) for op in seq.ops])
+            parts = np.array([kv_parts(op, tp, kv_shard) for op in seq.ops])
             kvpref[c, 1:], kvcpref[c, 1:] = np.cumsum(parts[:, 0]), np.cumsum(parts[:, 1])
+            for w, pref_w in win_pref.items():
+                pref_w[c, 1:] = np.cumsum(np.where([op.kv_window == w for op in seq.ops], parts[:, 0], 0.0))
             at = _knot_latencies(seq, cfg, req, knots)
             knot_lat.append(at)
             kpref[c, :, :, 1:] = np.cumsum(at, axis=2)
@@ -117,7 +131,8 @@ def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: Work
         pct=wa.pct, theta=wa.workload.theta)
     return Tables(configs=configs, mb_grid=mb_grid, per_config=per_config, fabric=fabric,
                   grid=grid(mb_grid, req.batches, req.max_microbatches, req.max_replicas), traffic=traffic,
-                  moe_pref=moe_pref, expert_parallel=np.array([c.parallel.moe_ep for c in configs], bool))
+                  moe_pref=moe_pref, expert_parallel=np.array([c.parallel.moe_ep for c in configs], bool),
+                  kv_windows=tuple(win_pref.items()), reserve=None if wa is None else wa.reserve)
 
 
 def grid(mb_grid: tuple[int, ...], batches, max_mu: int, max_rep: int) -> Grid:
@@ -160,7 +175,38 @@ def stages(seq: OperatorSequence, plan: StagePlan, tables: Tables, only_gpu: int
     if only_gpu is not None:
         ok = ok & (tables.fabric.cfg_gpu == only_gpu)[None, :]
     return Stages(stage_owner=owner, stage_start=start, stage_end=end,
-                  payload=np.array(boundary_payload(seq, plan)), cfg_ok=ok, k=k)
+                  payload=np.array(boundary_payload(seq, plan)), cfg_ok=ok, k=k,
+                  kv_units=owner_units(tables, owner, start, end, k))
+
+
+def owner_sum(pref: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray, o: int) -> np.ndarray:
+    """[C]: a prefix-sum table [C, N1] summed over owner o's cyclic stage ranges."""
+    js = np.flatnonzero(owner == o)
+    s, e = start[js], end[js]
+    return (pref[:, e] - pref[:, s]).sum(axis=1) + pref[:, -1] * float((e <= s).sum())
+
+
+def owner_mixes(tables: Tables, owner, start, end, o: int) -> list:
+    """Per configuration, the KV mix (compile.traffic.kv_mix) of owner o: FULL for a fixed context
+    or an owner without sliding-window layers."""
+    c_n = tables.per_config.kvpref.shape[0]
+    if not tables.kv_windows:
+        return [FULL] * c_n
+    per = owner_sum(tables.per_config.kvpref, owner, start, end, o)
+    wins = [(w, owner_sum(pref, owner, start, end, o)) for w, pref in tables.kv_windows]
+    return [kv_mix(float(per[c]), {w: float(b[c]) for w, b in wins}) for c in range(c_n)]
+
+
+def owner_units(tables: Tables, owner, start, end, k: int) -> np.ndarray:
+    """[k, C, B+]: the reserve row of each owner in each configuration (Stages.kv_units)."""
+    units = tables.traffic.units
+    out = np.empty((k, tables.per_config.kvpref.shape[0], units.size))
+    out[:] = units
+    for o in range(k if tables.kv_windows else 0):
+        for c, mix in enumerate(owner_mixes(tables, owner, start, end, o)):
+            if mix != FULL:
+                out[o, c] = tables.reserve.units(mix)
+    return out
 
 
 def owner_ok(tables: Tables, owner: np.ndarray, start: np.ndarray, end: np.ndarray, k: int) -> np.ndarray:

@@ -21,13 +21,17 @@ deterministic one). For a workload (`--workload`, docs/workloads.md):
   `--preemptions-per-request` times per served request (`kv_events`: forced preemptions are
   what users feel) and the `--kv-quantile` of their summed context (exact law on a grid, an
   upper bound: the time share above it stays bounded too), and never less than one request at
-  the longest context plus `n - 1` at the shortest. Sliding-window layers are reserved at their
-  window and recurrent state is per request (`kvcpref`).
+  the longest context plus `n - 1` at the shortest. A reserve is counted in the units of one
+  request's KV `x(c) = beta_f c + sum beta_w min(c, w)` with the owner's own mix of full and
+  sliding-window bytes (`KvReserve.units(mix)`, per owner and configuration in `Stages.kv_units`):
+  a window layer holds min(context, window), as a paged runtime does, and the mix enters the
+  convolutions. Recurrent state is per request (`kvcpref`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -36,7 +40,7 @@ from opweave_planner.compile.space import microbatch_grid
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.structure.operators import Operator
 from opweave_planner.workload.edge import workload_spec
-from opweave_planner.workload.kv import kv_events, kv_sum_bounds
+from opweave_planner.workload.kv import kv_bytes, kv_events, kv_sum_bounds
 from opweave_planner.workload.law import ContextLaw, scenarios
 from opweave_planner.workload.shaping import materialize
 
@@ -46,6 +50,9 @@ KV_SUM_GRID = 1 << 18  # the KV tail's convolution grid: an upper bound at any s
 # the 27 quantiles take 0.33 s instead of 1.22 s
 EVENT_GRID = 1 << 16  # the episode law's grid: on the Mooncake sample and the Azure trace scaled to 32k
 # its reserve at 1e-4 is within 0.01 % of a 2^22 grid's for n = 1..1024 (benchmarks/kv_events_check.py)
+EVENT_SPLIT_TERMS = 64  # the exact window-split event law up to this many (finishing, below-window)
+# terms; past it the one-class upper bound (on Azure at theta 1.2k, gemma-3-27b: +0.9 % at n = 8,
+# +0.13 % at n = 256 in reserved units)
 KNOTS = 32  # geometric knots over the law's support, plus its mean (never c_lb: the knots must not
 # depend on the grid, so `simulate` of one plan reproduces the search's figures)
 
@@ -67,7 +74,8 @@ class WorkloadArrays:
     knots: np.ndarray  # float64[G]
     c_lb: float  # context of the lower-bound tables
     pct: float  # SLO percentile as a fraction
-    units: np.ndarray  # float64[max B + 1]: context tokens reserved for n requests
+    units: np.ndarray  # float64[max B + 1]: context tokens reserved for n requests (full attention)
+    reserve: KvReserve  # the reserve of any mix of full and sliding-window KV
 
 
 def resident_counts(req: PlanRequest) -> list[int]:
@@ -119,21 +127,82 @@ def build_traffic(req: PlanRequest, wl: ContextLaw) -> WorkloadArrays:
     cs[:, 1:] = np.cumsum(draws, axis=1)
     pct = req.percentile / 100.0
     c_lb = lower_context(cs, req.batches, req.max_microbatches, req.max_replicas, pct)
-    units = np.arange(top + 1, dtype=np.float64) * wl.max_context  # never read: every count is filled below
-    for n in resident_counts(req):
-        tail = kv_sum_bounds(wl, n, req.kv_quantile, 1.0, grid=KV_SUM_GRID)[1]
-        events = kv_events(wl, n, EVENT_GRID).reserve(req.preemptions_per_request)
-        units[n] = max(tail, events, wl.max_context + (n - 1) * wl.min_context)
-    return WorkloadArrays(workload=wl, scen_cs=cs, knots=_knots(wl, (wl.theta,)), c_lb=c_lb, pct=pct, units=units)
+    reserve = KvReserve(workload=wl, counts=tuple(resident_counts(req)), top=top, kv_quantile=req.kv_quantile,
+                        preemptions_per_request=req.preemptions_per_request)
+    return WorkloadArrays(workload=wl, scen_cs=cs, knots=_knots(wl, (wl.theta,)), c_lb=c_lb, pct=pct,
+                          units=reserve.units(FULL), reserve=reserve)
 
 
-def kv_parts(op: Operator, tp: int, longest: int, shard) -> tuple[float, float]:
-    """(bytes per GPU per context token, bytes per GPU per request) of one operator's cache:
-    full attention grows with the context; a sliding window is reserved at its window (or the
-    longest context), recurrent state is fixed. `shard` is latency.lookup.kv_shard."""
+#: (per_token, windows) of one request's KV in units of its bytes per context token below every
+#: window: kv_bytes(c, per_token, windows) with per_token + sum of the window bytes = 1
+Mix = tuple[float, tuple[tuple[int, float], ...]]
+FULL: Mix = (1.0, ())  # full attention only: the unit is a context token
+
+
+@dataclass(frozen=True)
+class KvReserve:
+    """The reserve of `n` resident requests for every resident count of a request's grid, in the
+    units of a KV mix (see the module docstring)."""
+
+    workload: ContextLaw
+    counts: tuple[int, ...]
+    top: int
+    kv_quantile: float
+    preemptions_per_request: float
+
+    def units(self, mix: Mix = FULL) -> np.ndarray:
+        """float64[top + 1]: `units[n]` for each resident count (read-only; cached per mix)."""
+        return _reserve_units(self, mix)
+
+
+@lru_cache(maxsize=64)
+def _reserve_units(res: KvReserve, mix: Mix) -> np.ndarray:
+    wl, (per_token, windows) = res.workload, mix
+    if windows and max(w for w, _ in windows) <= wl.min_context:
+        # no context is below a window: x(c) = per_token c + a constant, and so is every reserve
+        units = per_token * _reserve_units(res, FULL) + np.arange(res.top + 1) * sum(w * b for w, b in windows)
+        units.setflags(write=False)
+        return units
+    longest = float(kv_bytes(wl.max_context, per_token, windows))
+    shortest = float(kv_bytes(wl.min_context, per_token, windows))
+    units = np.arange(res.top + 1, dtype=np.float64) * longest  # never read: every count is filled below
+    for n in res.counts:
+        tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
+        # the one-class law bounds every crossing from above (exact with nothing below a window):
+        # where even its reserve is below the quantile floor, the exact one is too
+        events = event_law(wl, n, mix, exact=False).reserve(res.preemptions_per_request)
+        if events > tail:
+            events = event_law(wl, n, mix).reserve(res.preemptions_per_request)
+        units[n] = max(tail, events, longest + (n - 1) * shortest)
+    units.setflags(write=False)
+    return units
+
+
+def event_law(wl: ContextLaw, n: int, mix: Mix, exact: bool | None = None):
+    """The event law the planner reserves and records with (workload.kv.kv_events on EVENT_GRID):
+    the exact window-split law where it takes at most EVENT_SPLIT_TERMS terms (few residents),
+    else (or with exact=False) the one-class upper bound; the one law without a window."""
+    bound = kv_events(wl, n, EVENT_GRID, *mix, exact=False)
+    if exact is False or not 1 < bound.split_terms <= EVENT_SPLIT_TERMS:
+        return bound
+    return kv_events(wl, n, EVENT_GRID, *mix)
+
+
+def kv_mix(per_token: float, windows: dict[int, float]) -> Mix:
+    """The mix of an owner's KV from its bytes per context token (full and window layers together)
+    and its window layers' bytes per token by window (rounded to 12 digits: one cache entry per
+    mix, whichever sum of the same layers gave it)."""
+    win = tuple(sorted((int(w), round(b / per_token, 12)) for w, b in windows.items() if b > 0))
+    if not win:
+        return FULL
+    return round(1.0 - sum(b for _, b in win), 12), win
+
+
+def kv_parts(op: Operator, tp: int, shard) -> tuple[float, float]:
+    """(bytes per GPU per context token, bytes per GPU per request) of one operator's cache: attention
+    grows with the context (a sliding window's up to its window: the reserve's mix caps it, see
+    `kv_mix`), recurrent state is fixed. `shard` is latency.lookup.kv_shard."""
     base = shard(op, tp, 0)
-    if op.kv_window:
-        return 0.0, shard(op, tp, min(op.kv_window, longest))
     return shard(op, tp, 1) - base, base
 
 

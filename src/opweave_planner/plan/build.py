@@ -112,10 +112,11 @@ class CriticalResource(IntEnum):
 
 def kv_event_records(ctx, prob, sel, ev) -> list[KvEventsOut | None]:
     """Per owner, its replica's KV overflow episodes at the reserve and at the usable memory (the
-    usable bytes left for context-dependent KV, in the tokens the reserve is counted in)."""
-    from opweave_planner.compile.traffic import EVENT_GRID
+    usable bytes left for context-dependent KV, in the units the reserve is counted in: the owner's
+    mix of full and sliding-window layers)."""
+    from opweave_planner.compile.tables import owner_mixes
+    from opweave_planner.compile.traffic import event_law
     from opweave_planner.search.evaluate import range_sum
-    from opweave_planner.workload.kv import kv_events
 
     out: list[KvEventsOut | None] = []
     steps_per_hour = 3.6e9 / ev.t_mean
@@ -124,8 +125,9 @@ def kv_event_records(ctx, prob, sel, ev) -> list[KvEventsOut | None]:
         n = sel.mu * int(prob.mb_grid[int(sel.mb[o])])
         per_token = sum(range_sum(prob.kvpref[c], prob.stage_start[j], prob.stage_end[j])
                         for j in range(prob.stage_owner.size) if prob.stage_owner[j] == o)
-        reserve = float(prob.traffic.units[n])
-        events = kv_events(ctx.workload, n, EVENT_GRID)
+        reserve = float(prob.kv_units[o, c, n])
+        mix = owner_mixes(ctx.tables, prob.stage_owner, prob.stage_start, prob.stage_end, o)[c]
+        events = event_law(ctx.workload, n, mix)
         if per_token > 0:
             usable = reserve + (float(ev.memory_usable[o]) - float(ev.memory_need[o])) / per_token
         else:  # no context-dependent KV here: nothing grows, nothing overflows

@@ -8,7 +8,8 @@ by the search leaf, its bounds, the plan writer and `simulate`:
 - `plan_link`: stage hand-offs use the GPU's intra-node link only when every
   owner has one GPU type and the whole plan fits in one node;
 - `memory_need`: weights + the KV of the mu b resident requests (a fixed context:
-  mu b x a request's KV; a workload: a quantile of their summed context) + b x workspace;
+  mu b x a request's KV; a workload: a reserve of their summed KV in the owner's own mix of
+  full and sliding-window layers, Stages.kv_units) + b x workspace;
 - `cost_rate`: USD per GPU-hour per resident request (the latency objective
   gives every owner 1/k so that cost equals T_rtt);
 - `scenario_tpots` (a workload): per sampled snapshot of the resident contexts, the
@@ -66,7 +67,8 @@ def transfer_fixed(fab, c_send, c_recv):
 
 @kernel
 def memory_need(units, weights, kv_per_unit, kv_per_request, workspace_per_request, mu, bh):
-    """Bytes per GPU of a replica holding mu x bh resident requests (units: Traffic.units)."""
+    """Bytes per GPU of a replica holding mu x bh resident requests (units: the owner's row of
+    Stages.kv_units)."""
     n = mu * bh
     return weights + units[n] * kv_per_unit + n * kv_per_request + bh * workspace_per_request
 
@@ -154,7 +156,7 @@ def owner_bytes(st, cf, units, o, c, mu, bh):
 def owner_need(p, o, c, mu, bh):
     """`owner_bytes` for Python (the brute-force test). Kernels call owner_bytes itself: a
     callee's CPython wrapper, which unboxes a whole Problem, is linked into every caller."""
-    return owner_bytes(p.stages, p.configs, p.traffic.units, o, c, mu, bh)
+    return owner_bytes(p.stages, p.configs, p.stages.kv_units[o, c], o, c, mu, bh)
 
 
 @kernel(inline=True)
@@ -392,7 +394,7 @@ def _detail(p, B, mu, cfg, mb, replicas, fixed, workload):
     rate = 0.0
     for o in range(k):
         c = cfg[o]
-        need[o] = owner_bytes(st, cf, p.traffic.units, o, c, mu, sc.bh[o])
+        need[o] = owner_bytes(st, cf, st.kv_units[o, c], o, c, mu, sc.bh[o])
         usable[o] = cf.cfg_mem[c]
         rate += cost_rate(p.limits.latency_objective, k, cf.cfg_price[c], fab.cfg_tp[c], mu, sc.bh[o])
     # the stage vectors, not the whole scratch: every array returned is boxed by compiled code

@@ -25,7 +25,7 @@ class OwnerTables(NamedTuple):
     count: np.ndarray  # int64[k]: stages per owner
     pos: np.ndarray  # int64[S]: a stage's index among its owner's stages
     wown: np.ndarray  # float64[k, C]: weight bytes per GPU
-    kvown: np.ndarray  # float64[k, C]: KV bytes per GPU per reserved unit (Traffic.units)
+    kvown: np.ndarray  # float64[k, C]: KV bytes per GPU per reserved unit (Stages.kv_units)
     kvcown: np.ndarray  # float64[k, C]: context-independent KV/state bytes per request per GPU
     # what dominance compares, per stage: its time, then (a workload) its time at every context
     # knot, so a dropped point is no faster than its dominator at any context
@@ -125,7 +125,7 @@ def new_points(p):
 @kernel(inline=True, refcount=False)
 def build_points(p, ot, o, B, mu, pts):
     """Memory-feasible points of owner o at (B, mu); returns their count."""
-    ok, cf, tp, grid, units = p.stages.cfg_ok, p.configs, p.fabric.cfg_tp, p.grid, p.traffic.units
+    ok, cf, tp, grid, units = p.stages.cfg_ok, p.configs, p.fabric.cfg_tp, p.grid, p.stages.kv_units
     lat_obj, k = p.limits.latency_objective, p.stages.k
     npts = 0
     for c in range(ok.shape[1]):
@@ -138,7 +138,7 @@ def build_points(p, ot, o, B, mu, pts):
             m = grid.mb_index[bh]
             if m < 0:
                 continue
-            if memory_need(units, ot.wown[o, c], ot.kvown[o, c], ot.kvcown[o, c], cf.cfg_ws[c], mu, bh) > cf.cfg_mem[c]:
+            if memory_need(units[o, c], ot.wown[o, c], ot.kvown[o, c], ot.kvcown[o, c], cf.cfg_ws[c], mu, bh) > cf.cfg_mem[c]:
                 continue
             tot = 0.0
             for i in range(ot.count[o]):

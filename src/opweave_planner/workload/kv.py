@@ -181,8 +181,8 @@ EVENT_TAIL = 1e-15
 
 @dataclass(frozen=True, eq=False)
 class KvEvents:
-    """Up-crossing and exceedance of every capacity for ``n`` resident requests, in context
-    tokens (:func:`kv_events`): capacity ``base + k * step`` has ``nu_up[k]``, the chance per
+    """Up-crossing and exceedance of every capacity for ``n`` resident requests, in the units of
+    one request's ``kv_bytes(c, per_token, windows)`` (:func:`kv_events`; by default context tokens): capacity ``base + k * step`` has ``nu_up[k]``, the chance per
     step that the summed context crosses it, and ``above[k]``, the share of steps above it."""
 
     n: int
@@ -191,6 +191,7 @@ class KvEvents:
     mean_output: float
     nu_up: np.ndarray = field(repr=False)
     above: np.ndarray = field(repr=False)
+    split_terms: int = 1  # (m, K) terms of the exact law (with windows: what `exact=True` costs)
 
     def _index(self, capacity: float) -> int:
         if not math.isfinite(capacity):  # no context-dependent KV: never crossed
@@ -226,30 +227,77 @@ class KvEvents:
         return self.base + k * self.step
 
 
-def kv_events(workload: ContextLaw, n_requests: int, grid: int = KV_GRID) -> KvEvents:
-    """The law of a replica's preemption episodes at every capacity, in context tokens.
+def kv_events(workload: ContextLaw, n_requests: int, grid: int = KV_GRID, per_token: float = 1.0,
+              windows: Sequence[tuple[int, float]] = (), exact: bool = True) -> KvEvents:
+    """The law of a replica's preemption episodes at every capacity, counted in the units of one
+    request's ``kv_bytes(c, per_token, windows)`` (the defaults: context tokens).
 
     In stationarity each of the ``n`` slots is at its last step with chance ``1/E[D]``,
     independently, so ``m ~ Binomial(n, 1/E[D])`` finish in a step; a finishing slot holds the
     arrival law of ``P + D - 1`` and its replacement that of ``P``; the ``n - m`` others hold the
-    stationary law conditioned on not being last and grow by one token. With ``W`` the
-    continuing sum, ``F`` the finishing and ``A`` the arriving one (independent given ``m``),
+    stationary law conditioned on not being last and grow by one token, which adds
+    ``per_token + sum(window bytes)`` below the window and ``per_token`` at or past it: of them
+    ``K ~ Binomial(n - m, p_below)`` are below. With ``W`` the continuing sum, ``F`` the finishing
+    and ``A`` the arriving one (independent given ``m`` and ``K``),
 
-        nu_up(C) = P(S_t <= C < S_t+1) = sum_m b_m sum_w P(W = w) P(F <= C - w) P(A > C - w - (n - m)),
+        nu_up(C) = P(S_t <= C < S_t+1) = sum_m,k b_m b_k sum_w P(W = w) P(F <= C - w) P(A > C - w - g_mk),
 
-    one convolution per ``m``, summed in the frequency domain: one inverse FFT for every ``C``.
-    Contexts are binned to the nearest of ``G = clamp(grid / n, 256, 65536)`` bins; the
-    ``n - m`` growth is a fractional shift (linear in the bin). Cached per (workload, n, grid).
+    ``g_mk`` the continuing slots' growth: one convolution per ``(m, k)``, summed in the frequency
+    domain: one inverse FFT for every ``C``. Values are binned to the nearest of
+    ``G = clamp(grid / n, 256, 65536)`` bins, none finer than one token's growth past the window;
+    the growth is a fractional shift (linear in the bin). Windows of several lengths count every context below the longest as below all of them
+    (more growth: an upper bound on the crossings). Cached per (workload, n, grid, coefficients).
+
+    ``exact=False`` takes one class of continuing slots (their marginal law) and lets the
+    below-window ones number their largest kept ``K`` (its binomial tail above is below
+    ``EVENT_TAIL``): more growth, so an upper bound on every ``nu_up``, at the cost of the
+    window-free law; the same law where nothing is below a window.
     """
     if n_requests < 1:
         raise UserError(f"preemption episodes: n_requests must be >= 1, got {n_requests}")
-    return _kv_events(workload, int(n_requests), int(grid))
+    key = tuple(sorted((int(a), float(b)) for a, b in windows if b))
+    return _kv_events(workload, int(n_requests), int(grid), float(per_token), key, bool(exact))
 
 
-@lru_cache(maxsize=256)
-def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
-    from scipy.fft import irfft, next_fast_len, rfft
+def _binomial(n: int, p: float) -> np.ndarray:
+    """Binomial(n, p) masses at 0..n, in logs (scipy.stats costs a second to import)."""
     from scipy.special import gammaln
+
+    ms = np.arange(n + 1)
+    if p >= 1.0:
+        return (ms == n).astype(np.float64)
+    if p <= 0.0:
+        return (ms == 0).astype(np.float64)
+    return np.exp(gammaln(n + 1.0) - gammaln(ms + 1.0) - gammaln(n - ms + 1.0)
+                  + ms * math.log(p) + (n - ms) * math.log1p(-p))
+
+
+def _kept(masses: np.ndarray) -> tuple[int, int]:
+    """First and last count whose mass is not below EVENT_TAIL of the largest."""
+    keep = np.flatnonzero(masses > EVENT_TAIL * masses.max())
+    return int(keep[0]), int(keep[-1])
+
+
+def _term(s: float, m: int, grid: int, small: int, cdf_f, tail) -> np.ndarray:
+    """The transform of P(F <= x) P(A > x - s) on the short grid (x and the shift s in bins; F, A
+    sums of m finishing / arriving requests, `cdf_f` and `tail` = P(A > k - 1) their laws)."""
+    from scipy.fft import rfft
+
+    span = m * (grid - 1) + math.ceil(s) + 2
+    x = np.arange(span, dtype=np.float64)
+    if m == 0:
+        g_f = np.ones(span)
+        surv_a = np.clip(s - x, 0.0, 1.0)  # A = 0: P(0 > x - s), linear within a bin
+    else:
+        g_f = np.concatenate([cdf_f, np.ones(span - cdf_f.size)])
+        surv_a = np.interp(x - s, np.arange(-1, tail.size - 1), tail, left=1.0, right=0.0)
+    return rfft(g_f * surv_a, small)
+
+
+@lru_cache(maxsize=1024)
+def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float = 1.0,
+               windows: tuple[tuple[int, float], ...] = (), exact: bool = True) -> KvEvents:
+    from scipy.fft import irfft, next_fast_len, rfft
 
     from opweave_planner.workload.shaping import request_ends
 
@@ -259,14 +307,17 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
     stat = workload.pmf
     lo = min(lo_c, int(np.flatnonzero(arrive > 0)[0]), int(np.flatnonzero(last > 0)[0]))
     hi = max(hi_c, arrive.size - 1, last.size - 1)
+    xs = kv_bytes(np.arange(hi + 1), per_token, windows)  # one request's value at each context
+    x_lo = float(xs[lo])
+    grow_below = per_token + sum(b for _, b in windows)  # a context below every window grows by this
     p_fin = min(1.0, 1.0 / e_d) if e_d > 0 else 1.0
     grid = int(min(65536, max(EVENT_MIN_BINS, total_grid // n)))
-    step = max(1.0, (hi - lo) / (grid - 1))
-    grid = math.floor((hi - lo) / step + 0.5) + 1
+    # the finest bin is one token's growth past every window (the growth below them if none is left)
+    step = max(per_token if per_token > 0 else grow_below, (float(xs[hi]) - x_lo) / (grid - 1))
+    grid = math.floor((float(xs[hi]) - x_lo) / step + 0.5) + 1
 
     def binned(w: np.ndarray) -> np.ndarray:
-        c = np.arange(w.size)
-        k = np.clip(np.floor((c - lo) / step + 0.5), 0, grid - 1).astype(np.int64)
+        k = np.clip(np.floor((xs[: w.size] - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)
         return np.bincount(k[w > 0], weights=w[w > 0], minlength=grid)
 
     a1, f1 = binned(arrive), binned(last)
@@ -274,47 +325,78 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int) -> KvEvents:
     cont = stat.copy()
     cont[: last.size] -= p_fin * last[: cont.size]
     cont = np.clip(cont, 0.0, None) if p_fin < 1.0 else cont
-    w1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
-    shift_tok = 1.0 / step  # one token of growth, in bins
-    size = n * (grid - 1) + math.ceil(n * shift_tok) + 3
+    # continuing slots below the (longest) window grow by grow_below, the others by per_token
+    below = np.zeros(cont.size, bool)
+    below[: max((w for w, _ in windows), default=0)] = True
+    cont_b, cont_a = np.where(below, cont, 0.0), np.where(below, 0.0, cont)
+    p_below = float(cont_b.sum() / cont.sum()) if cont.sum() > 0 else 0.0
+    split = exact and p_below > 0.0
+    if split:  # the continuing slots in two classes, K ~ Binomial(n - m, p_below) below the window
+        wa1 = binned(cont_a / cont_a.sum()) if cont_a.sum() > 0 else binned(cont_a)
+        wb1 = binned(cont_b / cont_b.sum())
+    else:  # one class: every below-window count at its largest kept one (exact without a window)
+        wa1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
+        wb1 = np.zeros(grid)
+    g_a, g_b = per_token / step, grow_below / step  # one token of growth, in bins
+    size = n * (grid - 1) + math.ceil(n * g_b) + 3
     nfft = next_fast_len(size, real=True)
-    ms = np.arange(n + 1)
-    if p_fin >= 1.0:  # every slot finishes every step (one-token outputs)
-        bm = (ms == n).astype(np.float64)
-    else:  # Binomial(n, p_fin), in logs (scipy.stats costs a second to import)
-        bm = np.exp(gammaln(n + 1.0) - gammaln(ms + 1.0) - gammaln(n - ms + 1.0)
-                    + ms * math.log(p_fin) + (n - ms) * math.log1p(-p_fin))
-    keep = np.flatnonzero(bm > EVENT_TAIL * bm.max())
-    m_lo, m_hi = int(keep[0]), int(keep[-1])
-    # sum_m b_m W^(n-m) h_m = W^(n-m_hi) * [sum_m b_m W^(m_hi-m) h_m]: the bracket is short (at
-    # most m_hi + 1 slots wide), so it takes small FFTs, and the long one is done once
-    small = next_fast_len(m_hi * (grid - 1) + math.ceil(n * shift_tok) + 3, real=True)
-    w_small = rfft(w1, small)
+    bm = _binomial(n, p_fin)
+    m_lo, m_hi = _kept(bm)
+    ks = {m: _kept(_binomial(n - m, p_below)) for m in range(m_lo, m_hi + 1)}
+    k_top = {m: ks[m][1] for m in ks}
+    terms = sum(b - a + 1 for a, b in ks.values())
+    if not split:
+        ks = dict.fromkeys(ks, (0, 0))
+    k_lo, k_hi = min(a for a, _ in ks.values()), max(b for _, b in ks.values())
+    # sum b_m b_k Wb^k Wa^(n-m-k) h_mk = Wb^k_lo Wa^a0 * [sum b_m b_k Wb^(k-k_lo) Wa^(n-m-k-a0) h_mk]: the
+    # bracket is short (at most m_hi + k_hi - k_lo slots wide), so it takes small FFTs, and the long one
+    # is done once
+    a0 = max(0, n - m_hi - k_hi)
+    small = next_fast_len((n - a0 - k_lo) * (grid - 1) + math.ceil(n * g_b) + 3, real=True)
+    wa_small, wb_small = rfft(wa1, small), rfft(wb1, small)
+    pow_a = np.empty((max(n - m - ks[m][0] - a0 for m in ks) + 1, small // 2 + 1), dtype=np.complex128)
+    pow_a[0] = 1.0
+    for e in range(1, pow_a.shape[0]):
+        pow_a[e] = pow_a[e - 1] * wa_small
+    pow_b = np.empty((k_hi - k_lo + 1, small // 2 + 1), dtype=np.complex128)
+    pow_b[0] = 1.0
+    for e in range(1, pow_b.shape[0]):
+        pow_b[e] = pow_b[e - 1] * wb_small
     acc = np.zeros(small // 2 + 1, dtype=np.complex128)
-    power = np.ones_like(acc)
+    cdf_f = tail = None
     for m in range(m_hi, m_lo - 1, -1):
-        s = (n - m) * shift_tok
-        span = m * (grid - 1) + math.ceil(s) + 2
-        x = np.arange(span, dtype=np.float64)
-        if m == 0:
-            g_f = np.ones(span)
-            surv_a = np.clip(s - x, 0.0, 1.0)  # A = 0: P(0 > x - s), linear within a bin
-        else:
+        if m:
             lm = next_fast_len(m * (grid - 1) + 1, real=True)
             sf = np.clip(irfft(rfft(f1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
             sa = np.clip(irfft(rfft(a1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
-            g_f = np.minimum(np.cumsum(sf) / sf.sum(), 1.0)
-            g_f = np.concatenate([g_f, np.ones(span - g_f.size)])
-            tail = np.clip(1.0 - np.cumsum(sa) / sa.sum(), 0.0, 1.0)  # P(A > k)
-            surv_a = np.interp(x - s, np.arange(-1, tail.size), np.concatenate([[1.0], tail]),
-                               left=1.0, right=0.0)
-        acc += bm[m] * power * rfft(g_f * surv_a, small)
-        power = power * w_small
+            cdf_f = np.minimum(np.cumsum(sf) / sf.sum(), 1.0)
+            tail = np.concatenate([[1.0], np.clip(1.0 - np.cumsum(sa) / sa.sum(), 0.0, 1.0)])  # P(A > k - 1)
+        if not split:
+            shift = (n - m - k_top[m]) * g_a + k_top[m] * g_b
+            acc += bm[m] * pow_a[n - m - a0] * _term(shift, m, grid, small, cdf_f, tail)
+            continue
+        # the term is linear in the shift between whole bins (linear interpolation), so each k's is a
+        # blend of the terms at the two whole shifts around its own: a few transforms per m, not one per k
+        bk = _binomial(n - m, p_below)
+        k = np.arange(ks[m][0], ks[m][1] + 1)
+        shift = (n - m - k) * g_a + k * g_b
+        whole = np.floor(shift).astype(np.int64)
+        frac = shift - whole
+        at = np.arange(int(whole.min()), int(whole.max()) + 2)
+        weight = np.zeros((at.size, k.size))  # blend weight of each whole shift in each k's term
+        weight[whole - at[0], np.arange(k.size)] = bk[k] * (1.0 - frac)
+        weight[whole + 1 - at[0], np.arange(k.size)] += bk[k] * frac
+        laws = weight @ (pow_a[n - m - k - a0] * pow_b[k - k_lo])
+        for i in np.flatnonzero(weight.any(axis=1)):
+            acc += bm[m] * laws[i] * _term(float(at[i]), m, grid, small, cdf_f, tail)
     inner = irfft(acc, small)
-    acc = rfft(w1, nfft) ** (n - m_hi) * rfft(inner, nfft)
+    acc = rfft(wa1, nfft) ** a0
+    if k_lo:
+        acc = acc * rfft(wb1, nfft) ** k_lo
+    acc = acc * rfft(inner, nfft)
     nu = np.clip(irfft(acc, nfft)[:size], 0.0, None)
     total = np.clip(irfft(rfft(s1, nfft) ** n, nfft)[:size], 0.0, None)
     above = np.clip(1.0 - np.cumsum(total) / total.sum(), 0.0, 1.0)
     nu.setflags(write=False)
     above.setflags(write=False)
-    return KvEvents(n=n, base=n * lo, step=step, mean_output=e_d, nu_up=nu, above=above)
+    return KvEvents(n=n, base=n * x_lo, step=step, mean_output=e_d, nu_up=nu, above=above, split_terms=terms)

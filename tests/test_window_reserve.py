@@ -1,0 +1,155 @@
+"""Sliding-window layers reserved at min(context, window) (issue 29, item 3): the reserve of a mix of
+full and window KV against an enumeration of the slots' chain, the one-class event bound against the
+exact split law, and a gemma-3-27b workload plan whose owner's reserve is its own mix's, below the
+old accounting (every window layer at its full window per request)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from test_search_exact import SETTINGS, assert_kernel_matches, brute_force
+from test_search_workload_exact import workload_instances, workload_problem
+
+from opweave_planner import api
+from opweave_planner.compile.compiled import compile_request
+from opweave_planner.compile.problem import typed
+from opweave_planner.compile.tables import owner_mixes, owner_sum
+from opweave_planner.compile.traffic import EVENT_GRID, FULL, KV_SUM_GRID, KvReserve
+from opweave_planner.workload.edge import trace_workload, workload_spec
+from opweave_planner.workload.kv import kv_bytes, kv_events, kv_sum_bounds, kv_sum_quantile
+from opweave_planner.workload.shaping import materialize
+
+TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
+AZURE = str(TRACES / "azure-conv-sample.csv")
+ROWS = [(3, 2), (5, 1), (2, 4), (6, 3), (4, 1)]  # (prompt, output) of a tiny trace
+MIX = (1.0, ((4, 2.0),))  # x(c) = c + 2 min(c, 4): integer values, binned one per unit
+
+
+def _tiny(tmp_path):
+    path = tmp_path / "tiny.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:46.{i:07d},{p},{d}\n" for i, (p, d) in enumerate(ROWS)))
+    return materialize(workload_spec(None, str(path)))
+
+
+def _chain(n: int):
+    """(up-crossings per step by capacity, law of the summed value) of n slots, enumerated."""
+    total = sum(d for _, d in ROWS)
+    pair: dict[tuple[int, int], float] = {}
+    for p, d in ROWS:
+        for a in range(d):
+            nxt = [(p + a + 1, 1.0)] if a < d - 1 else [(q, 1.0 / len(ROWS)) for q, _ in ROWS]
+            for c1, w in nxt:
+                pair[(p + a, c1)] = pair.get((p + a, c1), 0.0) + w / total
+    x = {c: int(kv_bytes(c, *MIX)) for c in range(20)}
+    nu: dict[int, float] = {}
+    law: dict[int, float] = {}
+    for combo in itertools.product(pair.items(), repeat=n):
+        pr = math.prod(w for _, w in combo)
+        s0, s1 = sum(x[c[0]] for c, _ in combo), sum(x[c[1]] for c, _ in combo)
+        for cap in range(s0, s1):
+            nu[cap] = nu.get(cap, 0.0) + pr
+        law[s0] = law.get(s0, 0.0) + pr
+    return nu, law
+
+
+@pytest.mark.parametrize(("q", "eps"), [(0.9, 0.02), (0.5, 0.2), (0.99, 1e-3)])
+def test_reserve_of_a_window_mix_is_the_enumerated_chains(tmp_path, q, eps):
+    wl = _tiny(tmp_path)
+    res = KvReserve(workload=wl, counts=(1, 2, 3), top=3, kv_quantile=q, preemptions_per_request=eps)
+    units = res.units(MIX)
+    e_d = wl.mean_output
+    for n in (1, 2, 3):
+        nu, law = _chain(n)
+        bad = [cap for cap, v in nu.items() if e_d / n * v > eps * (1 + 1e-9)]
+        c_eps = max(bad) + 1 if bad else n * int(kv_bytes(2, *MIX))
+        vals = sorted(law)
+        cdf = np.cumsum([law[v] for v in vals])
+        c_q = vals[int(np.searchsorted(cdf, q - 1e-12))]
+        floor = kv_bytes(wl.max_context, *MIX) + (n - 1) * kv_bytes(wl.min_context, *MIX)
+        lo, hi = kv_sum_bounds(wl, n, q, *MIX, grid=KV_SUM_GRID)
+        assert lo <= c_q <= hi  # the quantile's grid brackets the enumerated one
+        assert units[n] == max(c_eps, hi, float(floor)), (n, c_eps, c_q, hi, floor)
+        # a window layer at min(c, window): at most what the window-at-full accounting reserves
+        assert units[n] <= 3 * res.units(FULL)[n]
+
+
+@pytest.mark.parametrize("n", [1, 4, 16, 64])
+def test_the_one_class_event_law_bounds_the_split_one(n):
+    wl = trace_workload(AZURE)  # theta 1.2k: a fifth of the stationary mass below gemma's 1,024 window
+    mix = (0.161290322581, ((1024, 0.838709677419),))
+    exact, bound = kv_events(wl, n, EVENT_GRID, *mix), kv_events(wl, n, EVENT_GRID, *mix, exact=False)
+    assert exact.step == bound.step and exact.base == bound.base
+    assert (bound.nu_up >= exact.nu_up - 1e-15).all()
+    for eps in (1e-5, 1e-4, 1e-3):
+        assert exact.reserve(eps) <= bound.reserve(eps) <= exact.reserve(eps) * 1.02
+
+
+GEMMA = dict(model="gemma-3-27b", slo="60ms", gpus="h100", workload=AZURE, policy="colocated",
+             tensor_parallel_sizes=(4,), batches=(16, 32, 64), max_replicas=1)
+
+
+def test_a_gemma_plan_reserves_its_owners_window_mix_below_the_old_accounting():
+    req = api.make_request(**GEMMA)
+    plan = api.plan(req).plan
+    ctx = compile_request(req)
+    (owner,) = plan.owners
+    tmpl = next(t for t in ctx.templates if t.k == 1)
+    prob = ctx.problem(tmpl)
+    c = next(i for i, cf in enumerate(ctx.tables.configs) if cf.gpu.id == owner.gpu and cf.parallel.tp == 4)
+    n = owner.resident_batch
+    mix = owner_mixes(ctx.tables, prob.stage_owner, prob.stage_start, prob.stage_end, 0)[c]
+    assert mix != FULL
+    per_unit = float(owner_sum(ctx.tables.per_config.kvpref, prob.stage_owner, prob.stage_start,
+                               prob.stage_end, 0)[c])
+    (window, window_bytes), = [(w, float(owner_sum(p, prob.stage_owner, prob.stage_start, prob.stage_end, 0)[c]))
+                               for w, p in ctx.tables.kv_windows]
+    wl = ctx.workload
+    reserve = float(prob.kv_units[0, c, n])
+    # the reserve is the mix's own: its quantile, its (exact) event law, its floor
+    want = max(kv_sum_bounds(wl, n, req.kv_quantile, *mix, grid=KV_SUM_GRID)[1],
+               kv_events(wl, n, EVENT_GRID, *mix).reserve(req.preemptions_per_request),
+               float(kv_bytes(wl.max_context, *mix) + (n - 1) * kv_bytes(wl.min_context, *mix)))
+    assert want <= reserve <= want * 1.01
+    # in bytes, the quantile floor agrees with a Monte Carlo of the summed min(c, window) bytes
+    per_token, windows = per_unit - window_bytes, [(window, window_bytes)]
+    mc = kv_sum_quantile(wl, n, req.kv_quantile, per_token, windows, method="mc", samples=100_000, seed=3)
+    tail = kv_sum_bounds(wl, n, req.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
+    assert abs(mc / tail - 1) < 0.01
+    # below the accounting of every window layer at min(window, longest context) per request
+    old = float(ctx.tables.traffic.units[n]) * per_token + n * window_bytes * min(window, wl.max_context)
+    assert reserve * per_unit < old
+    need = float(plan.owners[0].memory_bytes_per_gpu)
+    assert need == pytest.approx(float(ctx.tables.per_config.wpref[c, -1]) + reserve * per_unit
+                                 + n * float(ctx.tables.per_config.kvcpref[c, -1]) + owner.microbatch
+                                 * float(ctx.tables.per_config.cfg_ws[c]), rel=1e-6)
+
+
+def test_loosening_the_targets_of_a_window_plan_never_raises_cost():
+    costs = [api.plan(api.make_request(**GEMMA, preemptions_per_request=t)).plan.usd_per_million_tokens
+             for t in (1e-6, 1e-4, 1e-2)]
+    assert costs == sorted(costs, reverse=True), costs
+    costs = [api.plan(api.make_request(**GEMMA, kv_quantile=q)).plan.usd_per_million_tokens
+             for q in (0.9999, 0.999, 0.99)]
+    assert costs == sorted(costs, reverse=True), costs
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(workload_instances(), st.data())
+def test_kernel_equals_brute_force_with_a_reserve_row_per_owner_and_config(inst, data):
+    """Owners of one template hold different mixes of window and full layers, so each (owner,
+    config) reads its own reserve row: the kernel's memory check (points) and the evaluator's
+    (brute force) read the same one."""
+    p = typed(workload_problem(inst))
+    k, c_n, _ = p.kv_units.shape
+    scale = np.array([[data.draw(st.integers(0, 4)) / 4 for _ in range(c_n)] for _ in range(k)])
+    p = p._replace(kv_units=p.kv_units * scale[:, :, None])
+    best, feasible = brute_force(inst, problem=p)
+    event("infeasible" if best is None else "feasible")
+    assert_kernel_matches(inst, best, feasible, problem=p)
