@@ -1,0 +1,453 @@
+"""Closed-loop replay of a whole deployment (issue 27): arrivals through the prefill pool, the KV
+hand-off and the decode copies, step by step, against the plan's p95 TTFT and p95 TPOT.
+
+Usage:  python benchmarks/deployment_replay.py --plan P.json [--trace T] [--seeds 1,2,3] [--requests N]
+
+An event simulation of the deployment a plan file describes, written apart from the planner's
+own queue (`latency.ttft.replay`) and snapshot law (`search.evaluate`); what it shares with them
+is the physics: prefill times from `latency.prefill.prefill` and decode step times from the
+plan's stage tables (`workload_replay._stage_tables`, the evaluator's `stage_time`) and
+schedule recurrence (`schedule.kernels._one_iteration`).
+
+* **Arrivals.** The plan's: a trace's own timestamps at the plan's `rate_scale` (`--trace`: another
+  trace, same scale), or seeded Poisson at the plan's recorded rate, one run per `--seeds` value
+  (the plan was sized on seed 0). A request is one row of the trace (its prompt and output),
+  drawn uniformly for Poisson; prompts capped one token below the plan's window, as the plan does.
+* **Prefill pool** (disaggregated): `instances` servers, first come first served, each request to
+  the server that frees first (lowest index on ties), **one request at a time per instance** (no
+  batching of prompts across requests: what the plan assumes). Service time: `latency.prefill`
+  at the request's own prompt length (every distinct length evaluated, no knots) on the pool's
+  (GPU, TP), chunked at the pool's chunk; then the hand-off (prompt KV over the plan's link),
+  which does not hold the instance.
+* **Decode copies.** Every replica of every copy (one-owner plans) is a unit with `mu`
+  microbatches of at most `microbatch` requests (continuous batching). A request whose KV has
+  arrived is routed to the unit with the fewest resident + queued requests (lowest index on
+  ties) and joins a microbatch at that microbatch's next step boundary when it has a free slot
+  (FCFS; otherwise it waits). Each step, every resident request's context is its prompt plus the
+  tokens it has decoded; the stage times of a microbatch are the plan's stage tables at the
+  microbatch's **current occupancy** n (the evaluator's own tables compiled for every n from 1 to
+  the microbatch) and its current mean context (linear between the plan's context knots), and
+  the unit advances one iteration of the max-plus schedule. A request decodes its output length
+  in steps, then leaves (its slot is free at that boundary). An idle unit waits for its next
+  request.
+* **TTFT**, three figures per request, all from its arrival: `ttft_kv` = queue wait + prefill +
+  hand-off (the plan's definition: the KV is at the decode pool), `ttft_join` = until it joins a
+  decode batch (adds the wait for a step boundary and for a free slot), `ttft_token` = until its
+  first decode step ends (what a client of a decode-side first token sees).
+* **TPOT**: one sample per decoded token after a request's first, the time since its previous
+  token (= the step times it sat through); also one sample per step (unweighted).
+
+The plan's decode TPOT is for fully occupied replicas (B resident requests, the stationary context
+law). A deployment sized to whole copies runs below full occupancy, so the replayed TPOT can be
+lower; the report therefore also gives the plan's own evaluator at the replayed occupancy: the
+snapshot periods at each occupancy n the replay visited, pooled with the replay's token weights
+(`predicted @ occupancy`): the same context law and step model, only the occupancy taken from
+the replay.
+
+Aggregated plans (chunked prefill inside colocated decode steps) are not replayed yet: the hook
+is `mixed_step_time` (see its docstring); a plan without `deployment.mode == "disaggregated"`
+is refused in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload_replay import _stage_tables  # noqa: E402  (the plan's stage tables, one definition)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- the engine
+
+@dataclass
+class DecodeModel:
+    """What the engine needs of the decode side: per stage j and occupancy n (0..cap) the stage
+    time at each context knot (µs), the hand-off vectors, and the plan's shape."""
+
+    stage_owner: np.ndarray
+    kt: np.ndarray  # [S, cap + 1, G] µs; kt[:, 0] = 0 (an empty microbatch does not run)
+    knots: np.ndarray  # [G] context tokens
+    occ: np.ndarray
+    latv: np.ndarray
+    mu: int
+    cap: int  # requests per microbatch (the plan's microbatch)
+    units: int  # copies x replicas
+
+    def stage_times(self, n: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """t2[j, i] (µs): stage j for microbatch i with n[i] residents at mean context x[i]."""
+        s_n = self.stage_owner.size
+        t2 = np.zeros((s_n, self.mu))
+        for i in range(self.mu):
+            if n[i]:
+                for j in range(s_n):
+                    t2[j, i] = np.interp(x[i], self.knots, self.kt[j, n[i]])
+        return t2
+
+
+@dataclass
+class Requests:
+    """The replayed requests, in arrival order (s, tokens)."""
+
+    arrival: np.ndarray
+    prompt: np.ndarray  # the prompt the prefill pool sees (capped below the window)
+    decode_prompt: np.ndarray  # the context a request starts decoding at (the plan's shaped workload)
+    output: np.ndarray  # decode steps (0: not decoded, the window drops it)
+    source: str = ""
+
+
+@dataclass
+class Result:
+    ttft_kv: np.ndarray
+    ttft_join: np.ndarray
+    ttft_token: np.ndarray
+    tpot_token: np.ndarray  # s, one per decoded token after the first
+    tpot_step: np.ndarray  # s, one per microbatch step
+    occupancy: np.ndarray  # [cap + 1] token-weighted step counts at each occupancy (tokens decoded there)
+    step_occupancy: np.ndarray  # [cap + 1] steps at each occupancy
+    wait_prefill: np.ndarray
+    wait_slot: np.ndarray  # join - KV ready
+    span_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def prefill_pool(arrival: np.ndarray, service: np.ndarray, servers: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of each request's prefill: FCFS, to the server that frees first (lowest index
+    on ties), one request per server at a time (a heap, not the planner's kernel)."""
+    free = [(0.0, k) for k in range(servers)]
+    heapq.heapify(free)
+    start = np.empty_like(arrival)
+    for i in range(arrival.size):
+        t, k = heapq.heappop(free)
+        start[i] = max(t, arrival[i])
+        heapq.heappush(free, (start[i] + service[i], k))
+    return start, start + service
+
+
+def decode_pool(ready: np.ndarray, req: Requests, dm: DecodeModel) -> dict:
+    """Step-level continuous batching of the requests whose KV arrives at `ready` (s)."""
+    from opweave_planner.schedule.kernels import _one_iteration
+    n_req = ready.size
+    k = int(dm.stage_owner.max()) + 1
+    mu, cap, units = dm.mu, dm.cap, dm.units
+    state = [np.zeros(3 * k + mu) for _ in range(units)]
+    res = [[[] for _ in range(mu)] for _ in range(units)]  # resident request ids per microbatch
+    pend = [deque() for _ in range(units)]
+    load = np.zeros(units, np.int64)  # resident + queued per unit (the router's view)
+    scheduled = [False] * units
+    age = np.zeros(n_req, np.int64)
+    last = np.zeros(n_req)
+    join = np.full(n_req, np.nan)
+    first = np.full(n_req, np.nan)
+    tp_tok, tp_step = [], []
+    occ_tok = np.zeros(cap + 1)
+    occ_step = np.zeros(cap + 1)
+    ctx0 = req.decode_prompt.astype(np.float64)
+    out = req.output.astype(np.int64)
+    order = np.argsort(ready, kind="stable")
+    events: list[tuple[float, int, int]] = [(float(ready[r]), 0, int(r)) for r in order]  # (t, 0: ready | 1: unit)
+    heapq.heapify(events)
+    bound = [np.zeros(mu) for _ in range(units)]  # each microbatch's last step boundary
+    while events:
+        t, kind, who = heapq.heappop(events)
+        if kind == 0:  # KV arrived: route to the least-loaded unit
+            if out[who] == 0:  # the window drops it: prefilled, never decoded
+                continue
+            u = int(np.argmin(load))
+            load[u] += 1
+            pend[u].append(who)
+            if not scheduled[u]:
+                scheduled[u] = True
+                x = state[u]
+                np.maximum(x, t, out=x)  # an idle unit starts now
+                bound[u][:] = t
+                heapq.heappush(events, (t, 1, u))
+            continue
+        u = who
+        x = state[u]
+        n = np.zeros(mu, np.int64)
+        mean = np.zeros(mu)
+        for i in range(mu):  # admissions at each microbatch's boundary, FCFS among the arrived
+            mb = res[u][i]
+            q = pend[u]
+            while q and len(mb) < cap and ready[q[0]] <= bound[u][i] + 1e-12:
+                r = q.popleft()
+                mb.append(r)
+                join[r] = bound[u][i]
+            n[i] = len(mb)
+            if n[i]:
+                mean[i] = float(np.mean(ctx0[mb] + age[mb]))
+        if not n.any():  # nothing resident: idle until a request arrives (or one queued is ready)
+            if pend[u]:
+                t_next = float(ready[pend[u][0]])
+                np.maximum(x, t_next, out=x)
+                bound[u][:] = t_next
+                heapq.heappush(events, (t_next, 1, u))
+            else:
+                scheduled[u] = False
+            continue
+        t2 = dm.stage_times(n, mean) / 1e6
+        _one_iteration(dm.stage_owner, t2, dm.occ, dm.latv, mu, k, x)
+        for i in range(mu):
+            mb = res[u][i]
+            if not mb:
+                bound[u][i] = x[3 * k + i]
+                continue
+            end = x[3 * k + i]
+            tp_step.append(end - bound[u][i])
+            occ_step[n[i]] += 1
+            keep = []
+            for r in mb:
+                if age[r] == 0:
+                    first[r] = end
+                else:
+                    tp_tok.append(end - last[r])
+                    occ_tok[n[i]] += 1
+                last[r] = end
+                age[r] += 1
+                if age[r] >= out[r]:
+                    load[u] -= 1
+                else:
+                    keep.append(r)
+            res[u][i] = keep
+            bound[u][i] = end
+        heapq.heappush(events, (float(x[3 * k:].max()), 1, u))
+    return {"join": join, "first": first, "tpot_token": np.array(tp_tok), "tpot_step": np.array(tp_step),
+            "occupancy": occ_tok, "step_occupancy": occ_step}
+
+
+def mixed_step_time(*_args, **_kwargs):
+    """Hook for aggregated plans: the step time of a colocated replica running its resident
+    decodes plus a prefill chunk (decode first, then waiting prompts' chunks up to the chunk
+    budget, vLLM V1 style). To be wired to the aggregated mode's public mixed step-time function
+    (branch s9-agg27) once it exists; until then aggregated plans are refused."""
+    raise NotImplementedError("aggregated plans: the mixed step-time function is not in this tree yet")
+
+
+def replay(req: Requests, service: np.ndarray, handoff: np.ndarray, servers: int, dm: DecodeModel) -> Result:
+    """The whole disaggregated deployment: prefill pool, hand-off, decode units."""
+    start, end = prefill_pool(req.arrival, service, servers)
+    ready = end + handoff
+    d = decode_pool(ready, req, dm)
+    a = req.arrival
+    return Result(ttft_kv=ready - a, ttft_join=d["join"] - a, ttft_token=d["first"] - a,
+                  tpot_token=d["tpot_token"], tpot_step=d["tpot_step"], occupancy=d["occupancy"],
+                  step_occupancy=d["step_occupancy"], wait_prefill=start - a, wait_slot=d["join"] - ready,
+                  span_s=float(np.nanmax(d["first"]) - a[0]))
+
+
+# ----------------------------------------------------------------------------- from a plan file
+
+def decode_model(plan, trace: str | None = None):
+    """(DecodeModel, compiled context, problem for every occupancy, selection) of a one-owner plan."""
+    from opweave_planner.compile import compile_request
+    from opweave_planner.contract import plan_context
+    from opweave_planner.errors import UserError
+    from opweave_planner.search.evaluate import evaluate
+
+    over = {} if trace is None else {"workload": trace}
+    ctx, tmpl, sel = plan_context(plan, where="deployment replay", **over)
+    if len(plan.owners) != 1:
+        raise UserError(f"deployment replay: the plan has {len(plan.owners)} owners; expected a one-owner plan "
+                        f"(several owners' replica barrier is not replayed here)")
+    if ctx.context_knots == 0:
+        raise UserError("deployment replay: the plan has a fixed --ctx; expected a --workload plan (its "
+                        "requests' lengths are what the replay decodes)")
+    prob = ctx.problem(tmpl, batches=(sel.batch,))
+    ev = evaluate(prob, sel)
+    bh = int(prob.mb_grid[sel.mb[0]])
+    # the same request compiled with every batch up to B: its microbatch grid holds every n <= bh
+    every = ctx.request.model_copy(update={"batches": tuple(range(1, sel.batch + 1))})
+    allc = compile_request(every, ctx.hw, ctx.seq.model)
+    grid = allc.tables.grid.mb_index
+    pall = allc.problem(tmpl, batches=(sel.batch,))
+    kt = np.zeros((prob.stage_owner.size, bh + 1, prob.knots.size))
+    for n in range(1, bh + 1):
+        kt[:, n], _mem = _stage_tables(pall, sel._replace(mb=np.array([grid[n]], np.int64)))
+    assert np.allclose(kt[:, bh], _stage_tables(prob, sel)[0]), "occupancy tables disagree with the plan's"
+    units = plan.deployment.copies * int(sel.replicas[0])
+    dm = DecodeModel(np.asarray(prob.stage_owner), kt, np.asarray(prob.knots), ev.occ, ev.latv, sel.mu, bh, units)
+    return dm, ctx, allc, tmpl, sel
+
+
+def requests_of(plan, ctx, trace: str | None, seed: int, n: int | None) -> Requests:
+    """The plan's arrivals (a trace's timestamps at its rate scale, or seeded Poisson at its rate);
+    each request one row of the trace: its raw prompt for the prefill pool (capped below the window,
+    as the plan does), and what the shaped workload serves of it for the decode copies
+    (`shaping.fit_requests` at the plan's prompt scale; a row the window drops is prefilled, as the
+    plan counts it, but not decoded: output 0)."""
+    from opweave_planner.errors import UserError
+    from opweave_planner.workload.arrivals import from_trace, poisson
+    from opweave_planner.workload.reader import read_trace
+    from opweave_planner.workload.shaping import fit_requests
+
+    rec = plan.deployment.arrivals
+    wl = ctx.workload
+    path = trace or ctx.request.workload
+    if not np.all(np.diff(_file_times(path)) >= 0):
+        raise UserError(f"deployment replay: {path} is not in timestamp order; expected a time-sorted trace")
+    raw = from_trace(path)  # file order: the file is time-sorted and the sort is stable
+    rows = read_trace(path)
+    if not np.array_equal(rows.prompt, raw.prompts):
+        raise UserError(f"deployment replay: {path}: the timestamped rows are not the trace's rows")
+    p = np.rint(rows.prompt * wl.scale).astype(np.int64) if wl.scale != 1.0 else rows.prompt.astype(np.int64)
+    o = rows.output.astype(np.int64)
+    keep = np.ones(p.size, bool)
+    if wl.spec.max_model_len is not None:
+        p, o, keep, _ = fit_requests(p, o, wl.spec.max_model_len, wl.spec.overflow)
+    if not (np.array_equal(p[keep], wl.prompt) and np.array_equal(o[keep], wl.output)):
+        raise UserError(f"deployment replay: {path}: the rows, shaped, are not the plan's workload")
+    o = np.where(keep, o, 0)
+    if rec.process == "trace":
+        times = from_trace(path, rec.rate_scale or 1.0).times_s
+        idx = np.arange(times.size)
+        if n is not None:
+            times, idx = times[:n], idx[:n]
+        source = f"{Path(path).name} x{rec.rate_scale or 1.0:g}"
+    else:  # row indices drawn by the arrivals' own generator (n equal to the rows: each row once)
+        arr = poisson(rec.rate, n or rec.requests, np.arange(p.size), seed)
+        times, idx, source = arr.times_s, arr.prompts, arr.source
+    capped = np.maximum(np.minimum(raw.prompts[idx], max(plan.workload.window - 1, 1)), 1)
+    return Requests(times, capped.astype(np.int64), p[idx], o[idx], source)
+
+
+def _file_times(path) -> np.ndarray:
+    """The trace's timestamps in file order (rows pair with the shaped workload's only if sorted)."""
+    from opweave_planner.workload.arrivals import _csv, _jsonl
+
+    f = Path(path)
+    text = f.read_text(encoding="utf-8")
+    return np.asarray((_jsonl if f.suffix == ".jsonl" else _csv)(f, text)[0])
+
+
+def prefill_times(plan, ctx, prompts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(prefill s, hand-off s) of each request on the plan's prefill instance, every distinct length."""
+    from opweave_planner.latency.prefill import prefill
+
+    pool = plan.deployment.prefill
+    gpu = ctx.hw.resolve(pool.gpu)
+    net = ctx.hw.network
+    r = ctx.request
+    lengths, inv = np.unique(prompts, return_inverse=True)
+    got = np.array([[e.prefill_ms / 1e3, e.handoff_ms / 1e3] for e in (
+        prefill(ctx.seq, gpu, pool.tensor_parallel, int(p), chunk_tokens=pool.chunk_tokens,
+                profiles_dir=r.profiles, backend=r.backend, moe_routing=r.moe_routing, moe_ep=False,
+                link_gbps=net.inter_node_gbps, link_latency_us=net.inter_node_latency_us) for p in lengths)])
+    return got[inv, 0], got[inv, 1]
+
+
+def predicted_at_occupancy(allc, tmpl, sel, occupancy: np.ndarray, pct: float = 95.0) -> float:
+    """The plan's evaluator (stationary context law, snapshot periods) at each occupancy n the replay
+    visited, its samples pooled with the replay's weights (tokens decoded at n); the `pct` percentile (s)."""
+    from opweave_planner.search.evaluate import evaluate
+
+    grid = allc.tables.grid.mb_index
+    reps = int(sel.replicas[0])
+    vals, wts = [], []
+    for n in np.nonzero(occupancy)[0]:
+        b = int(n) * sel.mu * reps
+        s = sel._replace(batch=b, mb=np.array([grid[n]], np.int64))
+        ev = evaluate(allc.problem(tmpl, batches=(b,)), s)
+        vals.append(ev.samples)
+        wts.append(np.full(ev.samples.size, occupancy[n] / ev.samples.size))
+    v, w = np.concatenate(vals), np.concatenate(wts)
+    o = np.argsort(v, kind="stable")
+    c = np.cumsum(w[o]) / w.sum()
+    return float(v[o][np.searchsorted(c, pct / 100 - 1e-12)]) / 1e6
+
+
+def _q(x: np.ndarray, p: float) -> float:
+    """A percentile over the requests that have the figure (NaN: not decoded)."""
+    return float(np.nanpercentile(x, p))
+
+
+def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None) -> list[dict]:
+    from opweave_planner.contract import read_feasible_plan
+    from opweave_planner.errors import UserError
+
+    plan = read_feasible_plan(path)
+    dep = plan.deployment
+    if dep is None or dep.mode != "disaggregated":
+        raise UserError(f"{path}: deployment.mode is {None if dep is None else dep.mode!r}; expected "
+                        f"'disaggregated' (aggregated plans: see mixed_step_time)")
+    t0 = time.perf_counter()
+    dm, ctx, allc, tmpl, sel = decode_model(plan, trace)
+    t_model = time.perf_counter() - t0
+    runs = []
+    for seed in (seeds if dep.arrivals.process == "poisson" else seeds[:1]):
+        t0 = time.perf_counter()
+        rq = requests_of(plan, ctx, trace, seed, n)
+        service, handoff = prefill_times(plan, ctx, rq.prompt)
+        t_pre = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        r = replay(rq, service, handoff, dep.prefill.instances, dm)
+        t_rep = time.perf_counter() - t0
+        occ_pred = predicted_at_occupancy(allc, tmpl, sel, r.occupancy)
+        mean_occ = float((np.arange(dm.cap + 1) * r.step_occupancy).sum() / r.step_occupancy.sum())
+        runs.append({"seed": seed if dep.arrivals.process == "poisson" else None, "requests": rq.arrival.size,
+                     "source": rq.source, "r": r, "occ_pred_s": occ_pred, "mean_occupancy": mean_occ,
+                     "t_model": t_model, "t_prefill": t_pre, "t_replay": t_rep})
+    return [plan, dm, runs]
+
+
+def report(path: str, plan, dm, runs) -> None:
+    dep, pool, tp = plan.deployment, plan.deployment.prefill, plan.tpot
+    print(f"{path}: {plan.model}, decode {dep.copies} cop{'y' if dep.copies == 1 else 'ies'} x "
+          f"{plan.owners[0].replicas} replica(s) of {plan.owners[0].gpu} TP{plan.owners[0].tensor_parallel}, "
+          f"{dm.mu} x {dm.cap} requests ({dm.units} units); prefill {pool.instances}x {pool.gpu} "
+          f"TP{pool.tensor_parallel}, chunk {pool.chunk_tokens}; arrivals {dep.arrivals.process} at "
+          f"{dep.arrivals.rate:.4g} req/s")
+    for run in runs:
+        r = run["r"]
+        tag = f"seed {run['seed']}" if run["seed"] is not None else run["source"]
+        print(f" {tag}: {run['requests']:,} requests over {r.span_s:.1f} s (prefill times {run['t_prefill']:.1f} s, "
+              f"replay {run['t_replay']:.1f} s, decode tables {run['t_model']:.1f} s)")
+        p = pool.ttft_percentile
+        print(f"  TTFT p{p:g} ms: predicted {pool.ttft_ms:.1f}; replayed kv {_q(r.ttft_kv, p) * 1e3:.1f} "
+              f"(ratio {pool.ttft_ms / 1e3 / _q(r.ttft_kv, p):.4f}), join {_q(r.ttft_join, p) * 1e3:.1f} "
+              f"(ratio {pool.ttft_ms / 1e3 / _q(r.ttft_join, p):.4f}), first decode token "
+              f"{_q(r.ttft_token, p) * 1e3:.1f} (ratio {pool.ttft_ms / 1e3 / _q(r.ttft_token, p):.4f})")
+        print(f"  TTFT p50 ms: replayed kv {_q(r.ttft_kv, 50) * 1e3:.1f}, join {_q(r.ttft_join, 50) * 1e3:.1f}, "
+              f"token {_q(r.ttft_token, 50) * 1e3:.1f}; mean kv {r.ttft_kv.mean() * 1e3:.1f} (predicted "
+              f"{pool.ttft_mean_ms:.1f}); mean prefill wait {r.wait_prefill.mean() * 1e3:.1f} (predicted "
+              f"{pool.wait_mean_ms:.1f}); slot wait mean {np.nanmean(r.wait_slot) * 1e3:.2f} p95 "
+              f"{_q(r.wait_slot, 95) * 1e3:.2f}")
+        q = _q(r.tpot_token, 95)
+        print(f"  TPOT p95 ms: predicted {tp.p95_ms:.3f} (full occupancy {dm.cap}); replayed per token {q * 1e3:.3f} "
+              f"(ratio {tp.p95_ms / 1e3 / q:.4f}), per step {_q(r.tpot_step, 95) * 1e3:.3f}; p50 per token "
+              f"{_q(r.tpot_token, 50) * 1e3:.3f} (predicted {tp.p50_ms:.3f})")
+        print(f"  occupancy: mean {run['mean_occupancy']:.1f} of {dm.cap} per step; predicted @ replayed "
+              f"occupancy p95 {run['occ_pred_s'] * 1e3:.3f} ms (ratio {run['occ_pred_s'] / q:.4f})")
+
+
+def main(argv=None) -> int:
+    from opweave_planner.errors import UserError
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", required=True, help="a disaggregated plan file (schema 1.10)")
+    ap.add_argument("--trace", default=None, help="replay this trace instead of the plan's (same rate scale)")
+    ap.add_argument("--seeds", default="1,2,3", help="Poisson arrivals: one replay per seed (comma list)")
+    ap.add_argument("--requests", type=int, default=None, help="replay only the first N requests (trace) "
+                    "or N Poisson arrivals (default: as many as the plan replayed)")
+    a = ap.parse_args(argv)
+    try:
+        seeds = [int(s) for s in a.seeds.split(",")]
+        plan, dm, runs = run_plan(a.plan, a.trace, seeds, a.requests)
+    except (UserError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report(a.plan, plan, dm, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
