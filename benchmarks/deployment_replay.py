@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workload_replay import _stage_tables  # noqa: E402  (the plan's stage tables, one definition)
+from workload_replay import _stage_tables  # the plan's stage tables, one definition
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -205,32 +205,112 @@ def decode_pool(ready: np.ndarray, req: Requests, dm: DecodeModel) -> dict:
             end = x[3 * k + i]
             tp_step.append(end - bound[u][i])
             occ_step[n[i]] += 1
-            keep = []
-            for r in mb:
-                if age[r] == 0:
-                    first[r] = end
-                else:
-                    tp_tok.append(end - last[r])
-                    occ_tok[n[i]] += 1
-                last[r] = end
-                age[r] += 1
-                if age[r] >= out[r]:
-                    load[u] -= 1
-                else:
-                    keep.append(r)
-            res[u][i] = keep
+            res[u][i], gone, samples = _decode_tokens(mb, end, age, last, out, first, tp_tok)
+            load[u] -= gone
+            occ_tok[n[i]] += samples
             bound[u][i] = end
         heapq.heappush(events, (float(x[3 * k:].max()), 1, u))
     return {"join": join, "first": first, "tpot_token": np.array(tp_tok), "tpot_step": np.array(tp_step),
             "occupancy": occ_tok, "step_occupancy": occ_step}
 
 
+def _decode_tokens(ids, end, age, last, out, first, tp_tok) -> tuple[list, int, int]:
+    """Every request in `ids` decodes one token ending at `end`: a TPOT sample (the time since its
+    previous token), or its first token (`first` still NaN). Returns (ids still decoding, how many
+    finished, samples taken)."""
+    keep, gone, samples = [], 0, 0
+    for r in ids:
+        if np.isnan(first[r]):
+            first[r] = end
+        else:
+            tp_tok.append(end - last[r])
+            samples += 1
+        last[r] = end
+        age[r] += 1
+        if age[r] >= out[r]:
+            gone += 1
+        else:
+            keep.append(r)
+    return keep, gone, samples
+
+
 def mixed_step_time(*_args, **_kwargs):
-    """Hook for aggregated plans: the step time of a colocated replica running its resident
-    decodes plus a prefill chunk (decode first, then waiting prompts' chunks up to the chunk
-    budget, vLLM V1 style). To be wired to the aggregated mode's public mixed step-time function
-    (branch s9-agg27) once it exists; until then aggregated plans are refused."""
+    """Hook for aggregated plans: the step time (s) of a colocated replica running its resident
+    decodes (`decode_contexts`) plus prefill segments (`(new tokens, cached prefix)` each), the
+    signature `aggregated_pool` calls. To be wired to the aggregated mode's public mixed
+    step-time function (branch s9-agg27) once it exists; until then aggregated plans are refused."""
     raise NotImplementedError("aggregated plans: the mixed step-time function is not in this tree yet")
+
+
+def aggregated_pool(arrival: np.ndarray, req: Requests, step_s, units: int, cap: int, chunk: int) -> dict:
+    """Colocated replicas serving prefill and decode in one step (vLLM V1's scheduler): each step
+    takes every running decode first (one token of the budget each), then the waiting prompts'
+    next chunks in arrival order up to `chunk` tokens per step, with at most `cap` requests in a
+    replica (prefilling or decoding). `step_s(decode_contexts, segments)` is the step's time. A
+    request's TTFT ends with the step that completes its prompt (that step samples its first
+    token); it then decodes its output length in steps, from context = its prompt. Routing: at
+    arrival, to the replica with the fewest requests (resident + waiting; lowest index on ties)."""
+    n_req = arrival.size
+    load = np.zeros(units, np.int64)
+    wait = [deque() for _ in range(units)]  # requests not yet holding a slot
+    pre = [[] for _ in range(units)]  # holding a slot, prompt not done: [id, tokens done]
+    dec = [[] for _ in range(units)]  # decoding ids
+    busy = [False] * units
+    age = np.zeros(n_req, np.int64)
+    last = np.zeros(n_req)
+    first = np.full(n_req, np.nan)
+    tp_tok, tp_step, mixed = [], [], []
+    events = [(float(arrival[r]), 0, int(r)) for r in range(n_req)]
+    heapq.heapify(events)
+    prompt, out = req.prompt.astype(np.int64), req.output.astype(np.int64)
+    while events:
+        t, kind, who = heapq.heappop(events)
+        if kind == 0:
+            u = int(np.argmin(load))
+            load[u] += 1
+            wait[u].append(who)
+            if not busy[u]:
+                busy[u] = True
+                heapq.heappush(events, (t, 1, u))
+            continue
+        u = who
+        while wait[u] and len(pre[u]) + len(dec[u]) < cap:
+            pre[u].append([wait[u].popleft(), 0])
+        if not pre[u] and not dec[u]:
+            busy[u] = False
+            continue
+        ctxs = np.array([req.decode_prompt[r] + age[r] for r in dec[u]], dtype=np.float64)
+        room = chunk - len(dec[u])
+        segs, took = [], []
+        for item in pre[u]:
+            if room <= 0:
+                break
+            r, got = item
+            take = min(room, int(prompt[r]) - got)
+            segs.append((take, got))
+            took.append((item, take))
+            room -= take
+        dt = float(step_s(ctxs, segs))
+        end = t + dt
+        tp_step.append(dt)
+        mixed.append(bool(segs))
+        keep, gone, _samples = _decode_tokens(dec[u], end, age, last, out, first, tp_tok)
+        load[u] -= gone
+        for item, take in took:
+            item[1] += take
+            r = item[0]
+            if item[1] >= prompt[r]:
+                first[r] = end
+                last[r] = end
+                if out[r] > 0:
+                    keep.append(r)
+                else:
+                    load[u] -= 1
+        pre[u] = [it for it in pre[u] if it[1] < prompt[it[0]]]
+        dec[u] = keep
+        heapq.heappush(events, (end, 1, u))
+    return {"first": first, "tpot_token": np.array(tp_tok), "tpot_step": np.array(tp_step),
+            "mixed": np.array(mixed)}
 
 
 def replay(req: Requests, service: np.ndarray, handoff: np.ndarray, servers: int, dm: DecodeModel) -> Result:
@@ -370,7 +450,11 @@ def _q(x: np.ndarray, p: float) -> float:
     return float(np.nanpercentile(x, p))
 
 
-def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None) -> list[dict]:
+def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load: float = 1.0,
+             instances: int | None = None) -> list:
+    """Replay the plan's deployment once per seed (a trace: once). `load` > 1 and `instances` are a
+    stress run, not the plan's deployment: arrivals `load` times faster through `instances` prefill
+    servers (to fill the decode slots and check the replay against the plan's full-occupancy TPOT)."""
     from opweave_planner.contract import read_feasible_plan
     from opweave_planner.errors import UserError
 
@@ -386,10 +470,11 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None) -> l
     for seed in (seeds if dep.arrivals.process == "poisson" else seeds[:1]):
         t0 = time.perf_counter()
         rq = requests_of(plan, ctx, trace, seed, n)
+        rq.arrival = rq.arrival / load
         service, handoff = prefill_times(plan, ctx, rq.prompt)
         t_pre = time.perf_counter() - t0
         t0 = time.perf_counter()
-        r = replay(rq, service, handoff, dep.prefill.instances, dm)
+        r = replay(rq, service, handoff, instances or dep.prefill.instances, dm)
         t_rep = time.perf_counter() - t0
         occ_pred = predicted_at_occupancy(allc, tmpl, sel, r.occupancy)
         mean_occ = float((np.arange(dm.cap + 1) * r.step_occupancy).sum() / r.step_occupancy.sum())
@@ -416,6 +501,10 @@ def report(path: str, plan, dm, runs) -> None:
               f"(ratio {pool.ttft_ms / 1e3 / _q(r.ttft_kv, p):.4f}), join {_q(r.ttft_join, p) * 1e3:.1f} "
               f"(ratio {pool.ttft_ms / 1e3 / _q(r.ttft_join, p):.4f}), first decode token "
               f"{_q(r.ttft_token, p) * 1e3:.1f} (ratio {pool.ttft_ms / 1e3 / _q(r.ttft_token, p):.4f})")
+        decoded = ~np.isnan(r.ttft_token)
+        if not decoded.all():
+            print(f"  ({int((~decoded).sum())} requests the window drops are prefilled, not decoded: kv p{p:g} over "
+                  f"the decoded ones {_q(r.ttft_kv[decoded], p) * 1e3:.1f} ms)")
         print(f"  TTFT p50 ms: replayed kv {_q(r.ttft_kv, 50) * 1e3:.1f}, join {_q(r.ttft_join, 50) * 1e3:.1f}, "
               f"token {_q(r.ttft_token, 50) * 1e3:.1f}; mean kv {r.ttft_kv.mean() * 1e3:.1f} (predicted "
               f"{pool.ttft_mean_ms:.1f}); mean prefill wait {r.wait_prefill.mean() * 1e3:.1f} (predicted "
@@ -429,6 +518,21 @@ def report(path: str, plan, dm, runs) -> None:
               f"occupancy p95 {run['occ_pred_s'] * 1e3:.3f} ms (ratio {run['occ_pred_s'] / q:.4f})")
 
 
+def summary(path: str, plan, runs) -> None:
+    """One markdown row per run: predicted vs replayed p95 TTFT (kv and first decode token) and
+    p95 TPOT (raw, and the prediction at the replayed occupancy)."""
+    pool, tp = plan.deployment.prefill, plan.tpot
+    p = pool.ttft_percentile
+    for run in runs:
+        r = run["r"]
+        tag = f"seed {run['seed']}" if run["seed"] is not None else run["source"]
+        kv, tok, q = _q(r.ttft_kv, p), _q(r.ttft_token, p), _q(r.tpot_token, 95)
+        print(f"| {Path(path).name} {tag} | {pool.ttft_ms:.1f} | {kv * 1e3:.1f} ({pool.ttft_ms / 1e3 / kv:.3f}) | "
+              f"{tok * 1e3:.1f} ({pool.ttft_ms / 1e3 / tok:.3f}) | {tp.p95_ms:.2f} | {q * 1e3:.2f} "
+              f"({tp.p95_ms / 1e3 / q:.3f}) | {run['occ_pred_s'] * 1e3:.2f} ({run['occ_pred_s'] / q:.3f}) | "
+              f"{run['mean_occupancy']:.1f} / {plan.owners[0].microbatch} |")
+
+
 def main(argv=None) -> int:
     from opweave_planner.errors import UserError
 
@@ -438,14 +542,24 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="1,2,3", help="Poisson arrivals: one replay per seed (comma list)")
     ap.add_argument("--requests", type=int, default=None, help="replay only the first N requests (trace) "
                     "or N Poisson arrivals (default: as many as the plan replayed)")
+    ap.add_argument("--load", type=float, default=1.0, help="stress run: arrivals this many times faster "
+                    "than the plan's (the predicted TTFT then does not apply)")
+    ap.add_argument("--prefill-instances", type=int, default=None, help="stress run: this many prefill servers")
     a = ap.parse_args(argv)
+    if not a.load > 0 or (a.prefill_instances is not None and a.prefill_instances < 1):
+        print("error: --load expects a positive factor, --prefill-instances a positive count", file=sys.stderr)
+        return 2
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
-        plan, dm, runs = run_plan(a.plan, a.trace, seeds, a.requests)
+        plan, dm, runs = run_plan(a.plan, a.trace, seeds, a.requests, a.load, a.prefill_instances)
     except (UserError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if a.load != 1.0 or a.prefill_instances is not None:
+        print(f"STRESS RUN: arrivals x{a.load:g}, {a.prefill_instances or plan.deployment.prefill.instances} "
+              f"prefill instances (not the plan's deployment; its TTFT prediction does not apply)")
     report(a.plan, plan, dm, runs)
+    summary(a.plan, plan, runs)
     return 0
 
 
