@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import math
 import sys
 import time
 from collections import deque
@@ -63,9 +64,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload_replay import _stage_tables  # the plan's stage tables, one definition
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 # ----------------------------------------------------------------------------- the engine
 
@@ -425,24 +423,63 @@ def prefill_times(plan, ctx, prompts: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return got[inv, 0], got[inv, 1]
 
 
-def predicted_at_occupancy(allc, tmpl, sel, occupancy: np.ndarray, pct: float = 95.0) -> float:
-    """The plan's evaluator (stationary context law, snapshot periods) at each occupancy n the replay
-    visited, its samples pooled with the replay's weights (tokens decoded at n); the `pct` percentile (s)."""
-    from opweave_planner.search.evaluate import evaluate
+class AtOccupancy:
+    """The plan's own evaluator (stationary context law, snapshot periods) with every microbatch
+    holding n requests instead of the plan's: its sorted periods and mean (s), cached per n."""
 
-    grid = allc.tables.grid.mb_index
-    reps = int(sel.replicas[0])
+    def __init__(self, allc, tmpl, sel):
+        self.allc, self.tmpl, self.sel, self.memo = allc, tmpl, sel, {}
+
+    def __call__(self, n: int) -> tuple[np.ndarray, float]:
+        from opweave_planner.search.evaluate import evaluate
+
+        if n not in self.memo:
+            sel = self.sel
+            b = int(n) * sel.mu * int(sel.replicas[0])
+            s = sel._replace(batch=b, mb=np.array([self.allc.tables.grid.mb_index[n]], np.int64))
+            ev = evaluate(self.allc.problem(self.tmpl, batches=(b,)), s)
+            self.memo[n] = (np.asarray(ev.samples) / 1e6, float(ev.t_mean) / 1e6)
+        return self.memo[n]
+
+
+def pooled_percentile(at: AtOccupancy, weight: np.ndarray, pct: float = 95.0) -> float:
+    """The `pct` percentile (s) of the evaluator's periods at each occupancy n, pooled with weight[n]."""
     vals, wts = [], []
-    for n in np.nonzero(occupancy)[0]:
-        b = int(n) * sel.mu * reps
-        s = sel._replace(batch=b, mb=np.array([grid[n]], np.int64))
-        ev = evaluate(allc.problem(tmpl, batches=(b,)), s)
-        vals.append(ev.samples)
-        wts.append(np.full(ev.samples.size, occupancy[n] / ev.samples.size))
+    for n in np.nonzero(weight)[0]:
+        v, _mean = at(int(n))
+        vals.append(v)
+        wts.append(np.full(v.size, weight[n] / v.size))
     v, w = np.concatenate(vals), np.concatenate(wts)
     o = np.argsort(v, kind="stable")
     c = np.cumsum(w[o]) / w.sum()
-    return float(v[o][np.searchsorted(c, pct / 100 - 1e-12)]) / 1e6
+    return float(v[o][np.searchsorted(c, pct / 100 - 1e-12)])
+
+
+def predicted_open(at: AtOccupancy, rate_per_unit: float, mean_output: float, cap: int,
+                   pct: float = 95.0) -> tuple[float, float]:
+    """A prediction with no replay in it: (mean occupancy N, p95 TPOT s) of one decode unit fed
+    `rate_per_unit` requests/s. N solves Little's law N = rate x mean output x mean TPOT(N) (the
+    least fixed point, by iteration from 1: the right side is nondecreasing in N); the occupancy a
+    token sees is then n Poisson(n; N) / N (an M/G/inf system: residents of an open system with
+    ample slots are Poisson), beyond `cap` lumped at cap; TPOT is pooled over it."""
+    def mean_at(x: float) -> float:
+        lo = min(max(int(np.floor(x)), 1), cap)
+        hi = min(lo + 1, cap)
+        w = min(max(x - lo, 0.0), 1.0)
+        return (1 - w) * at(lo)[1] + w * at(hi)[1]
+
+    n = 1.0
+    for _ in range(200):
+        nxt = min(rate_per_unit * mean_output * mean_at(n), float(cap))
+        if abs(nxt - n) < 1e-6:
+            break
+        n = nxt
+    grid = np.arange(max(1, int(n - 6 * np.sqrt(n) - 2)), int(n + 6 * np.sqrt(n) + 3))
+    lg = np.array([math.lgamma(g + 1.0) for g in grid])
+    pmf = np.exp(grid * math.log(n) - n - lg) * grid
+    weight = np.zeros(cap + 1)
+    np.add.at(weight, np.minimum(grid, cap), pmf)
+    return n, pooled_percentile(at, weight, pct)
 
 
 def _q(x: np.ndarray, p: float) -> float:
@@ -466,6 +503,7 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load
     t0 = time.perf_counter()
     dm, ctx, allc, tmpl, sel = decode_model(plan, trace)
     t_model = time.perf_counter() - t0
+    at = AtOccupancy(allc, tmpl, sel)
     runs = []
     for seed in (seeds if dep.arrivals.process == "poisson" else seeds[:1]):
         t0 = time.perf_counter()
@@ -476,10 +514,14 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load
         t0 = time.perf_counter()
         r = replay(rq, service, handoff, instances or dep.prefill.instances, dm)
         t_rep = time.perf_counter() - t0
-        occ_pred = predicted_at_occupancy(allc, tmpl, sel, r.occupancy)
+        occ_pred = pooled_percentile(at, r.occupancy)
+        decoded = rq.output > 0
+        rate_u = (decoded.sum() - 1) / max(float(rq.arrival[decoded][-1] - rq.arrival[decoded][0]), 1e-12) / dm.units
+        open_n, open_p95 = predicted_open(at, rate_u, float(rq.output[decoded].mean()), dm.cap)
         mean_occ = float((np.arange(dm.cap + 1) * r.step_occupancy).sum() / r.step_occupancy.sum())
         runs.append({"seed": seed if dep.arrivals.process == "poisson" else None, "requests": rq.arrival.size,
                      "source": rq.source, "r": r, "occ_pred_s": occ_pred, "mean_occupancy": mean_occ,
+                     "open_n": open_n, "open_p95_s": open_p95,
                      "t_model": t_model, "t_prefill": t_pre, "t_replay": t_rep})
     return [plan, dm, runs]
 
@@ -515,7 +557,9 @@ def report(path: str, plan, dm, runs) -> None:
               f"(ratio {tp.p95_ms / 1e3 / q:.4f}), per step {_q(r.tpot_step, 95) * 1e3:.3f}; p50 per token "
               f"{_q(r.tpot_token, 50) * 1e3:.3f} (predicted {tp.p50_ms:.3f})")
         print(f"  occupancy: mean {run['mean_occupancy']:.1f} of {dm.cap} per step; predicted @ replayed "
-              f"occupancy p95 {run['occ_pred_s'] * 1e3:.3f} ms (ratio {run['occ_pred_s'] / q:.4f})")
+              f"occupancy p95 {run['occ_pred_s'] * 1e3:.3f} ms (ratio {run['occ_pred_s'] / q:.4f}); open-system "
+              f"prediction (Little + Poisson occupancy, no replay input): mean occupancy {run['open_n']:.1f}, p95 "
+              f"{run['open_p95_s'] * 1e3:.3f} ms (ratio {run['open_p95_s'] / q:.4f})")
 
 
 def summary(path: str, plan, runs) -> None:
@@ -530,7 +574,8 @@ def summary(path: str, plan, runs) -> None:
         print(f"| {Path(path).name} {tag} | {pool.ttft_ms:.1f} | {kv * 1e3:.1f} ({pool.ttft_ms / 1e3 / kv:.3f}) | "
               f"{tok * 1e3:.1f} ({pool.ttft_ms / 1e3 / tok:.3f}) | {tp.p95_ms:.2f} | {q * 1e3:.2f} "
               f"({tp.p95_ms / 1e3 / q:.3f}) | {run['occ_pred_s'] * 1e3:.2f} ({run['occ_pred_s'] / q:.3f}) | "
-              f"{run['mean_occupancy']:.1f} / {plan.owners[0].microbatch} |")
+              f"{run['open_p95_s'] * 1e3:.2f} ({run['open_p95_s'] / q:.3f}) | "
+              f"{run['mean_occupancy']:.1f} ({run['open_n']:.1f}) / {plan.owners[0].microbatch} |")
 
 
 def main(argv=None) -> int:

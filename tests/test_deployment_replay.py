@@ -5,6 +5,7 @@ growth, routing to the least-loaded unit."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -146,3 +147,27 @@ def test_aggregated_slot_cap_holds_a_prompt_back(dr):
     assert calls[0] == (0, [(10, 0)]) and [c[0] for c in calls[1:4]] == [1, 1, 1]
     assert calls[4] == (0, [(10, 0)])
     assert np.isclose(d["first"][1], 1.01e-3 + 3 * 1.01e-3 + 1.01e-3)
+
+
+class _FakeAt:
+    """An evaluator stand-in: at occupancy n every period is (1 + n / 100) ms."""
+
+    def __call__(self, n):
+        t = 1e-3 * (1 + n / 100)
+        return np.full(4, t), t
+
+
+def test_open_prediction_solves_littles_law(dr):
+    # N = rate x mean output x TPOT(N) = 100 x 100 x 1e-3 (1 + N / 100) = 10 + N / 10: N = 100 / 9
+    n, p95 = dr.predicted_open(_FakeAt(), 100.0, 100.0, cap=64)
+    assert np.isclose(n, 100 / 9, rtol=1e-6)
+    # the p95 of the token-weighted occupancy n Poisson(n; N) / N, read off the same law
+    g = np.arange(1, 64)
+    w = np.exp(g * math.log(n) - n - np.array([math.lgamma(x + 1.0) for x in g])) * g
+    c = np.cumsum(w) / w.sum()
+    assert np.isclose(p95, 1e-3 * (1 + g[np.searchsorted(c, 0.95)] / 100))
+
+
+def test_open_prediction_saturates_at_the_slots(dr):
+    n, p95 = dr.predicted_open(_FakeAt(), 1000.0, 100.0, cap=8)
+    assert n == 8 and np.isclose(p95, 1.08e-3)
