@@ -44,9 +44,11 @@ snapshot periods at each occupancy n the replay visited, pooled with the replay'
 (`predicted @ occupancy`): the same context law and step model, only the occupancy taken from
 the replay.
 
-Aggregated plans (chunked prefill inside colocated decode steps) are not replayed yet: the hook
-is `mixed_step_time` (see its docstring); a plan without `deployment.mode == "disaggregated"`
-is refused in one line.
+`--mode aggregated` replays a plan's aggregated deployment (`deployment.aggregated`, schema 1.11):
+R colocated replicas, each step its running decodes first then the waiting prompts' chunks up to
+the chunk budget (vLLM V1), at most `batch` requests resident (`aggregated_pool`); the step time
+is the aggregated mode's public `latency.mixed.mixed_step_us` (`MixedStep`), which needs a tree
+with that module. TTFT there = until the step that completes the prompt ends.
 """
 
 from __future__ import annotations
@@ -232,22 +234,39 @@ def _decode_tokens(ids, end, age, last, out, first, tp_tok) -> tuple[list, int, 
     return keep, gone, samples
 
 
-def mixed_step_time(*_args, **_kwargs):
-    """Hook for aggregated plans: the step time (s) of a colocated replica running its resident
-    decodes (`decode_contexts`) plus prefill segments (`(new tokens, cached prefix)` each), the
-    signature `aggregated_pool` calls. To be wired to the aggregated mode's public mixed
-    step-time function (branch s9-agg27) once it exists; until then aggregated plans are refused."""
-    raise NotImplementedError("aggregated plans: the mixed step-time function is not in this tree yet")
+class MixedStep:
+    """The step time (s) `aggregated_pool` calls, `(decode_contexts, segments)` with segments of
+    (new tokens, cached prefix, prompt ends here): the aggregated mode's public mixed step-time
+    function (`latency.mixed.mixed_step_us`, branch s9-agg27) on its step tables, tabulated at a
+    few decode contexts and read linearly at the step's mean decode context (the tables hold one
+    context each)."""
+
+    def __init__(self, tables: list, contexts: np.ndarray):
+        from opweave_planner.latency.mixed import mixed_step_us
+
+        self.tables, self.contexts, self.f = tables, np.asarray(contexts, np.float64), mixed_step_us
+
+    def __call__(self, ctxs: np.ndarray, segs: list) -> float:
+        ptr = np.array([0, len(segs)], np.int64)
+        new = np.array([g[0] for g in segs], np.int64)
+        pre = np.array([g[1] for g in segs], np.int64)
+        ends = np.array([g[2] for g in segs], np.bool_)
+        dec = np.array([ctxs.size], np.int64)
+        at = [float(self.f(t, dec, ptr, new, pre, ends)[0]) for t in self.tables]
+        x = float(ctxs.mean()) if ctxs.size else self.contexts[0]
+        return float(np.interp(x, self.contexts, at)) / 1e6
 
 
-def aggregated_pool(arrival: np.ndarray, req: Requests, step_s, units: int, cap: int, chunk: int) -> dict:
+def aggregated_pool(arrival: np.ndarray, req: Requests, step_s, units: int, cap: int, chunk: int,
+                    round_robin: bool = False) -> dict:
     """Colocated replicas serving prefill and decode in one step (vLLM V1's scheduler): each step
     takes every running decode first (one token of the budget each), then the waiting prompts'
     next chunks in arrival order up to `chunk` tokens per step, with at most `cap` requests in a
     replica (prefilling or decoding). `step_s(decode_contexts, segments)` is the step's time. A
     request's TTFT ends with the step that completes its prompt (that step samples its first
-    token); it then decodes its output length in steps, from context = its prompt. Routing: at
-    arrival, to the replica with the fewest requests (resident + waiting; lowest index on ties)."""
+    token, the first of its output); it then decodes the rest of its output in steps, from context
+    = its prompt. Routing: at arrival, to the replica with the fewest requests (resident + waiting;
+    lowest index on ties), or (`round_robin`) request i to replica i mod units."""
     n_req = arrival.size
     load = np.zeros(units, np.int64)
     wait = [deque() for _ in range(units)]  # requests not yet holding a slot
@@ -264,7 +283,7 @@ def aggregated_pool(arrival: np.ndarray, req: Requests, step_s, units: int, cap:
     while events:
         t, kind, who = heapq.heappop(events)
         if kind == 0:
-            u = int(np.argmin(load))
+            u = who % units if round_robin else int(np.argmin(load))
             load[u] += 1
             wait[u].append(who)
             if not busy[u]:
@@ -285,7 +304,7 @@ def aggregated_pool(arrival: np.ndarray, req: Requests, step_s, units: int, cap:
                 break
             r, got = item
             take = min(room, int(prompt[r]) - got)
-            segs.append((take, got))
+            segs.append((take, got, take + got == prompt[r]))
             took.append((item, take))
             room -= take
         dt = float(step_s(ctxs, segs))
@@ -300,7 +319,8 @@ def aggregated_pool(arrival: np.ndarray, req: Requests, step_s, units: int, cap:
             if item[1] >= prompt[r]:
                 first[r] = end
                 last[r] = end
-                if out[r] > 0:
+                age[r] = 1  # the step that ends the prompt samples the first output token
+                if out[r] > 1:
                     keep.append(r)
                 else:
                     load[u] -= 1
@@ -497,9 +517,9 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load
 
     plan = read_feasible_plan(path)
     dep = plan.deployment
-    if dep is None or dep.mode != "disaggregated":
-        raise UserError(f"{path}: deployment.mode is {None if dep is None else dep.mode!r}; expected "
-                        f"'disaggregated' (aggregated plans: see mixed_step_time)")
+    if dep is None or dep.mode is None:
+        raise UserError(f"{path}: deployment.mode is absent (a decode-only plan); expected a whole deployment "
+                        f"(--ttft with a rate)")
     t0 = time.perf_counter()
     dm, ctx, allc, tmpl, sel = decode_model(plan, trace)
     t_model = time.perf_counter() - t0
@@ -562,6 +582,82 @@ def report(path: str, plan, dm, runs) -> None:
               f"{run['open_p95_s'] * 1e3:.3f} ms (ratio {run['open_p95_s'] / q:.4f})")
 
 
+AGG_CONTEXT_KNOTS = 5  # decode contexts the mixed step tables are built at (linear between them)
+
+
+def run_aggregated(path: str, plan, trace: str | None, seeds: list[int], n: int | None,
+                   as_planned: bool = False) -> list:
+    """Replay the plan's aggregated deployment (`deployment.aggregated`) once per seed (a trace: once).
+    `as_planned`: with the aggregated planner's own simplifications instead (every decode at the
+    plan's context_tokens, every output the mean output, round-robin routing), to check the
+    engine against the plan and to split the gap into its causes."""
+    from opweave_planner.contract import plan_context
+    from opweave_planner.errors import UserError
+
+    agg = plan.deployment.aggregated
+    if agg is None:
+        raise UserError(f"{path}: deployment.aggregated is absent; expected an aggregated deployment (schema 1.11)")
+    try:
+        from opweave_planner.latency.mixed import step_tables
+    except ImportError:
+        raise UserError("aggregated replay: this tree has no latency.mixed (the aggregated mode's step-time "
+                        "function)") from None
+    over = {} if trace is None else {"workload": trace}
+    ctx, _tmpl, _sel = plan_context(plan, where="deployment replay", **over)
+    if ctx.context_knots == 0:
+        raise UserError("deployment replay: the plan has a fixed --ctx; expected a --workload plan")
+    r_ = ctx.request
+    gpu = ctx.hw.resolve(agg.gpu)
+    runs = []
+    memo: dict = {}
+    for seed in (seeds if plan.deployment.arrivals.process == "poisson" else seeds[:1]):
+        t0 = time.perf_counter()
+        rq = requests_of(plan, ctx, trace, seed, n)
+        lo, hi = float(rq.decode_prompt.min()), float((rq.decode_prompt + rq.output).max())
+        knots = np.unique(np.geomspace(max(lo, 1.0), max(hi, 2.0), AGG_CONTEXT_KNOTS).round().astype(np.int64))
+        if as_planned:
+            knots = np.array([int(plan.workload.context_tokens)])
+            mean_out = max(1, round(float(plan.deployment.arrivals.mean_output_tokens)))
+            rq.output = np.full(rq.output.shape, mean_out, np.int64)
+        top = int(rq.prompt.max())
+        tabs = []
+        for c in knots:
+            key = (int(c), top)
+            if key not in memo:
+                memo[key] = step_tables(ctx.seq, gpu, agg.tensor_parallel, int(c), agg.batch, agg.chunk_tokens, top,
+                                        profiles_dir=r_.profiles, backend=r_.backend, moe_routing=r_.moe_routing)
+            tabs.append(memo[key])
+        t_tab = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        d = aggregated_pool(rq.arrival, rq, MixedStep(tabs, knots), agg.replicas, agg.batch, agg.chunk_tokens,
+                            round_robin=as_planned)
+        runs.append({"seed": seed if plan.deployment.arrivals.process == "poisson" else None,
+                     "requests": rq.arrival.size, "source": rq.source, "ttft": d["first"] - rq.arrival,
+                     "tpot_token": d["tpot_token"], "mixed": float(d["mixed"].mean()), "knots": knots,
+                     "t_tables": t_tab, "t_replay": time.perf_counter() - t0})
+    return runs
+
+
+def report_aggregated(path: str, plan, runs) -> None:
+    agg = plan.deployment.aggregated
+    print(f"{path}: {plan.model}, aggregated {agg.replicas}x {agg.gpu} TP{agg.tensor_parallel}, batch {agg.batch}, "
+          f"chunk {agg.chunk_tokens}; arrivals {plan.deployment.arrivals.process} at "
+          f"{plan.deployment.arrivals.rate:.4g} req/s (plan's mode: {plan.deployment.mode})")
+    p = plan.deployment.prefill.ttft_percentile
+    for run in runs:
+        tag = f"seed {run['seed']}" if run["seed"] is not None else run["source"]
+        tt, q = _q(run["ttft"], p), _q(run["tpot_token"], agg.tpot_percentile)
+        print(f" {tag}: {run['requests']:,} requests (step tables at contexts {run['knots'].tolist()}: "
+              f"{run['t_tables']:.1f} s, replay {run['t_replay']:.1f} s)")
+        print(f"  TTFT p{p:g} ms: predicted {agg.ttft_ms:.1f}; replayed {tt * 1e3:.1f} (ratio {agg.ttft_ms / 1e3 / tt:.4f})"
+              f"; mean {np.nanmean(run['ttft']) * 1e3:.1f} (predicted {agg.ttft_mean_ms:.1f})")
+        print(f"  TPOT p{agg.tpot_percentile:g} ms: predicted {agg.tpot_ms:.3f}; replayed per token {q * 1e3:.3f} "
+              f"(ratio {agg.tpot_ms / 1e3 / q:.4f}); mean {run['tpot_token'].mean() * 1e3:.3f} (predicted "
+              f"{agg.tpot_mean_ms:.3f}); mixed steps {run['mixed']:.3f} (predicted {agg.mixed_step_share:.3f})")
+        print(f"| {Path(path).name} {tag} aggregated | {agg.ttft_ms:.1f} | {tt * 1e3:.1f} ({agg.ttft_ms / 1e3 / tt:.3f}) | "
+              f"{agg.tpot_ms:.2f} | {q * 1e3:.2f} ({agg.tpot_ms / 1e3 / q:.3f}) |")
+
+
 def summary(path: str, plan, runs) -> None:
     """One markdown row per run: predicted vs replayed p95 TTFT (kv and first decode token) and
     p95 TPOT (raw, and the prediction at the replayed occupancy)."""
@@ -587,6 +683,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="1,2,3", help="Poisson arrivals: one replay per seed (comma list)")
     ap.add_argument("--requests", type=int, default=None, help="replay only the first N requests (trace) "
                     "or N Poisson arrivals (default: as many as the plan replayed)")
+    ap.add_argument("--mode", choices=("disaggregated", "aggregated"), default="disaggregated",
+                    help="which of the plan's deployments to replay (a schema-1.11 plan records both)")
+    ap.add_argument("--as-planned", action="store_true", help="aggregated: the planner's simplifications "
+                    "(decodes at context_tokens, mean outputs, round-robin), to check the engine against the plan")
     ap.add_argument("--load", type=float, default=1.0, help="stress run: arrivals this many times faster "
                     "than the plan's (the predicted TTFT then does not apply)")
     ap.add_argument("--prefill-instances", type=int, default=None, help="stress run: this many prefill servers")
@@ -596,6 +696,15 @@ def main(argv=None) -> int:
         return 2
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
+        if a.mode == "aggregated":
+            from opweave_planner.contract import read_feasible_plan
+
+            plan = read_feasible_plan(a.plan)
+            runs = run_aggregated(a.plan, plan, a.trace, seeds, a.requests, a.as_planned)
+            if a.as_planned:
+                print("AS PLANNED: decodes at the plan's context_tokens, mean outputs, round-robin routing")
+            report_aggregated(a.plan, plan, runs)
+            return 0
         plan, dm, runs = run_plan(a.plan, a.trace, seeds, a.requests, a.load, a.prefill_instances)
     except (UserError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -124,8 +124,8 @@ def test_aggregated_chunked_prompt_then_decode(dr):
     rq = _requests(dr, [0.0], [250], [2])
     d = dr.aggregated_pool(rq.arrival, rq, _linear_step(), units=1, cap=4, chunk=100)
     assert np.isclose(d["first"][0], 1.1e-3 + 1.1e-3 + 1.05e-3)  # chunks of 100, 100, 50 tokens
-    assert np.allclose(d["tpot_token"], [1.01e-3, 1.01e-3])
-    assert d["mixed"].tolist() == [True, True, True, False, False]
+    assert np.allclose(d["tpot_token"], [1.01e-3])  # the prompt's last step gave the first of its 2 tokens
+    assert d["mixed"].tolist() == [True, True, True, False]
 
 
 def test_aggregated_decode_first_then_the_chunk_budget(dr):
@@ -135,18 +135,26 @@ def test_aggregated_decode_first_then_the_chunk_budget(dr):
     # step 1: request 0's prompt (50); step 2 (starts 1.05 ms): request 0 decodes alone; step 3
     # (starts 2.06 ms, request 1 arrived at 1.5 ms): one decode, then 99 of request 1's tokens,
     # the rest (51) in step 4 beside the decode
-    assert calls[0] == (0, [(50, 0)]) and calls[1] == (1, [])
-    assert calls[2] == (1, [(99, 0)]) and calls[3] == (1, [(51, 99)])
+    assert calls[0] == (0, [(50, 0, True)]) and calls[1] == (1, [])
+    assert calls[2] == (1, [(99, 0, False)]) and calls[3] == (1, [(51, 99, True)])
 
 
 def test_aggregated_slot_cap_holds_a_prompt_back(dr):
     calls = []
     rq = _requests(dr, [0.0, 0.0], [10, 10], [3, 1])
     d = dr.aggregated_pool(rq.arrival, rq, _linear_step(calls), units=1, cap=1, chunk=100)
-    # one slot: request 1 starts its prompt only after request 0 decoded its 3 tokens
-    assert calls[0] == (0, [(10, 0)]) and [c[0] for c in calls[1:4]] == [1, 1, 1]
-    assert calls[4] == (0, [(10, 0)])
-    assert np.isclose(d["first"][1], 1.01e-3 + 3 * 1.01e-3 + 1.01e-3)
+    # one slot: request 1 starts its prompt only after request 0 decoded the last 2 of its 3 tokens
+    assert calls[0] == (0, [(10, 0, True)]) and [c[0] for c in calls[1:3]] == [1, 1]
+    assert calls[3] == (0, [(10, 0, True)])
+    assert np.isclose(d["first"][1], 4 * 1.01e-3)
+
+
+def test_aggregated_round_robin(dr):
+    calls = []
+    rq = _requests(dr, [0.0, 0.0, 0.0], [10, 10, 10], [1, 1, 1])
+    d = dr.aggregated_pool(rq.arrival, rq, _linear_step(calls), units=2, cap=4, chunk=100, round_robin=True)
+    # requests 0 and 2 share replica 0 (one step of 20 prompt tokens), request 1 is alone on replica 1
+    assert np.allclose(d["first"], [1.02e-3, 1.01e-3, 1.02e-3])
 
 
 class _FakeAt:
