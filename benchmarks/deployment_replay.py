@@ -585,12 +585,15 @@ def report(path: str, plan, dm, runs) -> None:
 AGG_CONTEXT_KNOTS = 5  # decode contexts the mixed step tables are built at (linear between them)
 
 
+AS_PLANNED = ("context", "outputs", "routing")
+
+
 def run_aggregated(path: str, plan, trace: str | None, seeds: list[int], n: int | None,
-                   as_planned: bool = False) -> list:
+                   as_planned: tuple[str, ...] = ()) -> list:
     """Replay the plan's aggregated deployment (`deployment.aggregated`) once per seed (a trace: once).
-    `as_planned`: with the aggregated planner's own simplifications instead (every decode at the
-    plan's context_tokens, every output the mean output, round-robin routing), to check the
-    engine against the plan and to split the gap into its causes."""
+    `as_planned`: with some of the aggregated planner's own simplifications instead (`context`:
+    every decode at the plan's context_tokens; `outputs`: every output the mean output; `routing`:
+    round-robin), to check the engine against the plan and to split the gap into its causes."""
     from opweave_planner.contract import plan_context
     from opweave_planner.errors import UserError
 
@@ -615,9 +618,10 @@ def run_aggregated(path: str, plan, trace: str | None, seeds: list[int], n: int 
         rq = requests_of(plan, ctx, trace, seed, n)
         lo, hi = float(rq.decode_prompt.min()), float((rq.decode_prompt + rq.output).max())
         knots = np.unique(np.geomspace(max(lo, 1.0), max(hi, 2.0), AGG_CONTEXT_KNOTS).round().astype(np.int64))
-        if as_planned:
+        if "context" in as_planned:
             knots = np.array([int(plan.workload.context_tokens)])
-            mean_out = max(1, round(float(plan.deployment.arrivals.mean_output_tokens)))
+        if "outputs" in as_planned:
+            mean_out = max(1, round(float(plan.deployment.arrivals.mean_output_tokens)))  # as the planner
             rq.output = np.full(rq.output.shape, mean_out, np.int64)
         top = int(rq.prompt.max())
         tabs = []
@@ -630,7 +634,7 @@ def run_aggregated(path: str, plan, trace: str | None, seeds: list[int], n: int 
         t_tab = time.perf_counter() - t0
         t0 = time.perf_counter()
         d = aggregated_pool(rq.arrival, rq, MixedStep(tabs, knots), agg.replicas, agg.batch, agg.chunk_tokens,
-                            round_robin=as_planned)
+                            round_robin="routing" in as_planned)
         runs.append({"seed": seed if plan.deployment.arrivals.process == "poisson" else None,
                      "requests": rq.arrival.size, "source": rq.source, "ttft": d["first"] - rq.arrival,
                      "tpot_token": d["tpot_token"], "mixed": float(d["mixed"].mean()), "knots": knots,
@@ -685,8 +689,9 @@ def main(argv=None) -> int:
                     "or N Poisson arrivals (default: as many as the plan replayed)")
     ap.add_argument("--mode", choices=("disaggregated", "aggregated"), default="disaggregated",
                     help="which of the plan's deployments to replay (a schema-1.11 plan records both)")
-    ap.add_argument("--as-planned", action="store_true", help="aggregated: the planner's simplifications "
-                    "(decodes at context_tokens, mean outputs, round-robin), to check the engine against the plan")
+    ap.add_argument("--as-planned", default="", help="aggregated: keep these of the planner's simplifications "
+                    "(comma list of context: decodes at context_tokens, outputs: mean outputs, routing: "
+                    "round-robin), to check the engine against the plan")
     ap.add_argument("--load", type=float, default=1.0, help="stress run: arrivals this many times faster "
                     "than the plan's (the predicted TTFT then does not apply)")
     ap.add_argument("--prefill-instances", type=int, default=None, help="stress run: this many prefill servers")
@@ -700,9 +705,14 @@ def main(argv=None) -> int:
             from opweave_planner.contract import read_feasible_plan
 
             plan = read_feasible_plan(a.plan)
-            runs = run_aggregated(a.plan, plan, a.trace, seeds, a.requests, a.as_planned)
-            if a.as_planned:
-                print("AS PLANNED: decodes at the plan's context_tokens, mean outputs, round-robin routing")
+            keep = tuple(a.as_planned.split(",")) if a.as_planned else ()
+            if any(k not in AS_PLANNED for k in keep):
+                print(f"error: --as-planned {a.as_planned}: expected a comma list of {', '.join(AS_PLANNED)}",
+                      file=sys.stderr)
+                return 2
+            runs = run_aggregated(a.plan, plan, a.trace, seeds, a.requests, keep)
+            if keep:
+                print(f"AS PLANNED ({', '.join(keep)}): the aggregated planner's simplifications kept")
             report_aggregated(a.plan, plan, runs)
             return 0
         plan, dm, runs = run_plan(a.plan, a.trace, seeds, a.requests, a.load, a.prefill_instances)
