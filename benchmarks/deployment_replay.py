@@ -534,19 +534,25 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load
         t0 = time.perf_counter()
         r = replay(rq, service, handoff, instances or dep.prefill.instances, dm)
         t_rep = time.perf_counter() - t0
+        from opweave_planner.latency.ttft import ttft_stats
+
+        kernel = ttft_stats(rq.arrival, service, instances or dep.prefill.instances, handoff,
+                            dep.prefill.ttft_percentile).percentile_s  # the planner's queue on these times
         occ_pred = pooled_percentile(at, r.occupancy)
         decoded = rq.output > 0
         rate_u = (decoded.sum() - 1) / max(float(rq.arrival[decoded][-1] - rq.arrival[decoded][0]), 1e-12) / dm.units
         open_n, open_p95 = predicted_open(at, rate_u, float(rq.output[decoded].mean()), dm.cap)
         mean_occ = float((np.arange(dm.cap + 1) * r.step_occupancy).sum() / r.step_occupancy.sum())
         runs.append({"seed": seed if dep.arrivals.process == "poisson" else None, "requests": rq.arrival.size,
-                     "source": rq.source, "r": r, "occ_pred_s": occ_pred, "mean_occupancy": mean_occ,
+                     "source": rq.source, "r": r, "occ_pred_s": occ_pred, "mean_occupancy": mean_occ, "kernel_ttft_s": kernel,
                      "open_n": open_n, "open_p95_s": open_p95,
                      "t_model": t_model, "t_prefill": t_pre, "t_replay": t_rep})
     return [plan, dm, runs]
 
 
 def report(path: str, plan, dm, runs) -> None:
+    from opweave_planner.deployment import KNOTS
+
     dep, pool, tp = plan.deployment, plan.deployment.prefill, plan.tpot
     print(f"{path}: {plan.model}, decode {dep.copies} cop{'y' if dep.copies == 1 else 'ies'} x "
           f"{plan.owners[0].replicas} replica(s) of {plan.owners[0].gpu} TP{plan.owners[0].tensor_parallel}, "
@@ -563,6 +569,9 @@ def report(path: str, plan, dm, runs) -> None:
               f"(ratio {pool.ttft_ms / 1e3 / _q(r.ttft_kv, p):.4f}), join {_q(r.ttft_join, p) * 1e3:.1f} "
               f"(ratio {pool.ttft_ms / 1e3 / _q(r.ttft_join, p):.4f}), first decode token "
               f"{_q(r.ttft_token, p) * 1e3:.1f} (ratio {pool.ttft_ms / 1e3 / _q(r.ttft_token, p):.4f})")
+        print(f"  (the planner's queue, latency.ttft.replay, on this replay's per-length prefill times: p{p:g} "
+              f"{run['kernel_ttft_s'] * 1e3:.1f} ms; the plan's figure reads its prefill times off "
+              f"{KNOTS} log-spaced prompt lengths when there are more distinct ones)")
         decoded = ~np.isnan(r.ttft_token)
         if not decoded.all():
             print(f"  ({int((~decoded).sum())} requests the window drops are prefilled, not decoded: kv p{p:g} over "
