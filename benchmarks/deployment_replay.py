@@ -625,7 +625,8 @@ def run_aggregated(path: str, plan, trace: str | None, seeds: list[int], n: int 
     for seed in (seeds if plan.deployment.arrivals.process == "poisson" else seeds[:1]):
         t0 = time.perf_counter()
         rq = requests_of(plan, ctx, trace, seed, n)
-        lo, hi = float(rq.decode_prompt.min()), float((rq.decode_prompt + rq.output).max())
+        live = rq.output > 0  # the rows the window drops decode nothing
+        lo, hi = float(rq.decode_prompt[live].min()), float((rq.decode_prompt + rq.output)[live].max())
         knots = np.unique(np.geomspace(max(lo, 1.0), max(hi, 2.0), AGG_CONTEXT_KNOTS).round().astype(np.int64))
         if "context" in as_planned:
             knots = np.array([int(plan.workload.context_tokens)])
