@@ -536,15 +536,16 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load
         t_rep = time.perf_counter() - t0
         from opweave_planner.latency.ttft import ttft_stats
 
-        kernel = ttft_stats(rq.arrival, service, instances or dep.prefill.instances, handoff,
-                            dep.prefill.ttft_percentile).percentile_s  # the planner's queue on these times
+        servers, pct = instances or dep.prefill.instances, dep.prefill.ttft_percentile
+        kernel = ttft_stats(rq.arrival, service, servers, handoff, pct).percentile_s  # the planner's queue
+        kernel_up = ttft_stats(rq.arrival, service * 1.01, servers, handoff, pct).percentile_s  # its sensitivity
         occ_pred = pooled_percentile(at, r.occupancy)
         decoded = rq.output > 0
         rate_u = (decoded.sum() - 1) / max(float(rq.arrival[decoded][-1] - rq.arrival[decoded][0]), 1e-12) / dm.units
         open_n, open_p95 = predicted_open(at, rate_u, float(rq.output[decoded].mean()), dm.cap)
         mean_occ = float((np.arange(dm.cap + 1) * r.step_occupancy).sum() / r.step_occupancy.sum())
         runs.append({"seed": seed if dep.arrivals.process == "poisson" else None, "requests": rq.arrival.size,
-                     "source": rq.source, "r": r, "occ_pred_s": occ_pred, "mean_occupancy": mean_occ, "kernel_ttft_s": kernel,
+                     "source": rq.source, "r": r, "occ_pred_s": occ_pred, "mean_occupancy": mean_occ, "kernel_ttft_s": kernel, "kernel_up_s": kernel_up,
                      "open_n": open_n, "open_p95_s": open_p95,
                      "t_model": t_model, "t_prefill": t_pre, "t_replay": t_rep})
     return [plan, dm, runs]
@@ -570,7 +571,8 @@ def report(path: str, plan, dm, runs) -> None:
               f"(ratio {pool.ttft_ms / 1e3 / _q(r.ttft_join, p):.4f}), first decode token "
               f"{_q(r.ttft_token, p) * 1e3:.1f} (ratio {pool.ttft_ms / 1e3 / _q(r.ttft_token, p):.4f})")
         print(f"  (the planner's queue, latency.ttft.replay, on this replay's per-length prefill times: p{p:g} "
-              f"{run['kernel_ttft_s'] * 1e3:.1f} ms; the plan's figure reads its prefill times off "
+              f"{run['kernel_ttft_s'] * 1e3:.1f} ms, with every prefill 1 % longer {run['kernel_up_s'] * 1e3:.1f} ms; "
+              f"the plan's figure reads its prefill times off "
               f"{KNOTS} log-spaced prompt lengths when there are more distinct ones)")
         decoded = ~np.isnan(r.ttft_token)
         if not decoded.all():
@@ -672,6 +674,25 @@ def report_aggregated(path: str, plan, runs) -> None:
               f"{agg.tpot_ms:.2f} | {q * 1e3:.2f} ({agg.tpot_ms / 1e3 / q:.3f}) |")
 
 
+def compare_knots(path: str) -> None:
+    """The plan's prefill times (deployment._options: knot-interpolated past KNOTS distinct lengths)
+    against every length's own (`prefill_times`), on the plan's first replayed arrivals."""
+    from opweave_planner.contract import plan_context, read_feasible_plan
+    from opweave_planner.deployment import _options
+
+    plan = read_feasible_plan(path)
+    ctx, _t, _s = plan_context(plan, where="deployment replay")
+    rq = requests_of(plan, ctx, None, 1, None)
+    exact, _h = prefill_times(plan, ctx, rq.prompt)
+    full, _t, _s = plan_context(plan, where="deployment replay", searched=True)
+    pool = plan.deployment.prefill
+    opt = next(o for o in _options(full.request, full.seq, full.hw, rq.prompt)
+               if (o.gpu, o.tp) == (pool.gpu, pool.tensor_parallel))
+    rel = opt.service_s / exact - 1
+    print(f"  plan's prefill times vs every length's own: max |relative difference| {np.abs(rel).max():.4f}, "
+          f"mean {opt.service_s.mean() / exact.mean() - 1:+.4f} ({np.unique(rq.prompt).size} distinct lengths)")
+
+
 def summary(path: str, plan, runs) -> None:
     """One markdown row per run: predicted vs replayed p95 TTFT (kv and first decode token) and
     p95 TPOT (raw, and the prediction at the replayed occupancy)."""
@@ -702,6 +723,8 @@ def main(argv=None) -> int:
     ap.add_argument("--as-planned", default="", help="aggregated: keep these of the planner's simplifications "
                     "(comma list of context: decodes at context_tokens, outputs: mean outputs, routing: "
                     "round-robin), to check the engine against the plan")
+    ap.add_argument("--compare-knots", action="store_true", help="also compare the plan's knot-interpolated "
+                    "prefill times with every prompt length's own")
     ap.add_argument("--load", type=float, default=1.0, help="stress run: arrivals this many times faster "
                     "than the plan's (the predicted TTFT then does not apply)")
     ap.add_argument("--prefill-instances", type=int, default=None, help="stress run: this many prefill servers")
@@ -733,6 +756,8 @@ def main(argv=None) -> int:
         print(f"STRESS RUN: arrivals x{a.load:g}, {a.prefill_instances or plan.deployment.prefill.instances} "
               f"prefill instances (not the plan's deployment; its TTFT prediction does not apply)")
     report(a.plan, plan, dm, runs)
+    if a.compare_knots:
+        compare_knots(a.plan)
     summary(a.plan, plan, runs)
     return 0
 
