@@ -84,6 +84,14 @@ def table_of(target: str, version: str, argv: list[str]) -> tuple[str, str, str]
 
 
 
+def dynamo_own(tables: dict, version: str) -> set[str]:
+    """Dynamo's worker flags that vLLM's parser does not know (`--is-prefill-worker`): they are
+    checked against Dynamo's table offline and left out of what vLLM's own parser reads (the
+    exporter writes only value-less ones)."""
+    vllm = set(tables["vllm"][VLLM_OF["dynamo"]]["serve"])
+    return set(tables["dynamo"][version]["worker"]) - vllm
+
+
 def validators():
     import jsonschema
 
@@ -103,6 +111,8 @@ def offline(files: dict[str, bytes], target: str, version: str, tables: dict, sc
     for argv in commands(files):
         runtime, release, command = table_of(target, version, argv)
         known = set(tables[runtime][release][command])
+        if target == "dynamo" and command == "serve":  # the worker's own flags beside vLLM's
+            known |= set(tables["dynamo"][version]["worker"])
         used = [a for a in argv if a.startswith("--")]
         uses += len(used)
         bad += [f"{runtime} {release} {command}: {flag}" for flag in used if flag not in known]
@@ -201,7 +211,8 @@ def main() -> int:
                     continue
                 uses, bad = offline(files, name, version, tables, schemas)
                 argvs = commands(files)
-                for key, jobs in parse_jobs(argvs).items():
+                own = dynamo_own(tables, version) if name == "dynamo" else set()
+                for key, jobs in parse_jobs([[a for a in argv if a not in own] for argv in argvs]).items():
                     every[key] += jobs
                 man = json.loads(files["export.json"])
                 rows.append((Path(plan).name, name, version, f"{man['deployment']['copies']} copies, "
