@@ -29,6 +29,7 @@ from opweave_planner.export.shell import Var, Word, comment, quote, shell_comman
 
 COLOCATED = GOLDEN / "llama-3.1-8b_colocated_h100.json"
 MANY_STAGES = GOLDEN / "llama-3.1-8b_afd_h100+a100.json"
+DISAGG = GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8_v1.10.json"  # both pools
 STUBBED = ("vllm", "vllm-router", "python3")
 _STUB = r"""#!/bin/bash
 log=$(mktemp "$STUB_LOG/call.XXXXXXXX")
@@ -197,9 +198,10 @@ def test_good_model_ids_reach_every_script_as_one_unchanged_argument(model_id, t
     path = model_id.startswith(("/", "./", "../"))
     for target in ("vllm", "sglang", "dynamo") + (() if path else ("llm-d",)):
         out = tmp_path / target
-        ran = run_cli("export", _replicated(tmp_path, 2), "--to", target, "--out", out, "--model-id", model_id)
-        assert ran.code == 0, ran.err
-        assert check_scripts(out, stubs, model_id, [tmp_path / "PWNED"]) >= 1
+        for plan in (_replicated(tmp_path, 2), DISAGG):  # and a disaggregated plan's prefill, decode, P/D router
+            ran = run_cli("export", plan, "--to", target, "--out", out, "--model-id", model_id)
+            assert ran.code == 0, ran.err
+            assert check_scripts(out, stubs, model_id, [tmp_path / "PWNED"]) >= 1
 
 
 @pytest.mark.parametrize("name", ["m\n$(touch {m})", "m\r\n`touch {m}`", "m\x00", "m\x1b[2J", "m\u2028x"])

@@ -199,6 +199,8 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
                   base_cost=base_cost, deployment=_deployment(plan, raw, alt, hw))
     for o in plan.owners:
         ctx.gpu(o.gpu)  # a GPU type the catalog lacks is a bad input, named here
+    if ctx.prefill is not None:
+        hw.resolve(ctx.prefill.gpu, f"{plan_path}: deployment.prefill.gpu")
     runtime.check(ctx)
     files = runtime.render(ctx)
     files[MANIFEST] = _manifest(ctx, files, plan_data)
