@@ -17,6 +17,7 @@ from opweave_planner.export.bench import (
     bench_env,
     benchmark_vllm,
     compare_snippet,
+    plan_ttft,
     traffic,
 )
 from opweave_planner.export.common import BASE_PORT, chunk_tokens_of
@@ -148,7 +149,7 @@ def benchmark(ctx: Context) -> dict[str, bytes]:
                              f"{keys.q} is compared."))
     lines += bench_env(ctx, t)
     lines.append(shell_command(argv))
-    lines += compare_snippet(ctx.plan, keys, result)
+    lines += compare_snippet(ctx.plan, keys, result, plan_ttft(ctx))
     return {"benchmark.sh": script(lines)}
 
 

@@ -174,22 +174,23 @@ def render_disaggregated(ctx: Context) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     decode = list(zip(ctx.placement(owner), replica_ports(ctx, owner)))
     prefill = list(zip(ctx.prefill_placement, prefill_ports(ctx)))
+    def server(rep, port: int, engine: list[str], what: str) -> bytes:
+        argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(port), *engine,
+                flags["kvt"], KV_TRANSFER]
+        lines = header(ctx, f"{what}, port {port}; the prompt's KV goes from prefill to decode over NIXL "
+                            f"(needs `pip install nixl`).")
+        return script(lines + [cuda_devices(rep.cuda_visible_devices), *nixl_env(rep), "exec " + shell_command(argv)])
+
     for rep, port in decode:
-        argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(port),
-                *engine_args(ctx, owner, flags), flags["kvt"], KV_TRANSFER]
-        lines = header(ctx, f"vLLM decode server {rep.index} of {len(decode)} (copy {rep.copy} of {ctx.copies}): "
-                            f"run on {owner.gpu} node {rep.node} (GPUs {rep.cuda_visible_devices}), port {port}; "
-                            f"takes the prompt's KV from a prefill server over NIXL (needs `pip install nixl`).")
-        lines += [cuda_devices(rep.cuda_visible_devices), *nixl_env(rep), "exec " + shell_command(argv)]
-        files[f"serve-decode-{rep.index}.sh"] = script(lines)
+        files[f"serve-decode-{rep.index}.sh"] = server(
+            rep, port, engine_args(ctx, owner, flags),
+            f"vLLM decode server {rep.index} of {len(decode)} (copy {rep.copy} of {ctx.copies}): run on "
+            f"{owner.gpu} node {rep.node} (GPUs {rep.cuda_visible_devices})")
     for rep, port in prefill:
-        argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(port),
-                *prefill_args(ctx, flags, ctx.version), flags["kvt"], KV_TRANSFER]
-        lines = header(ctx, f"vLLM prefill server {rep.index} of {len(prefill)} (the plan's prefill pool): run on "
-                            f"{pool.gpu} node {rep.node} (GPUs {rep.cuda_visible_devices}), port {port}; hands "
-                            f"the prompt's KV to a decode server over NIXL (needs `pip install nixl`).")
-        lines += [cuda_devices(rep.cuda_visible_devices), *nixl_env(rep), "exec " + shell_command(argv)]
-        files[f"serve-prefill-{rep.index}.sh"] = script(lines)
+        files[f"serve-prefill-{rep.index}.sh"] = server(
+            rep, port, prefill_args(ctx, flags, ctx.version),
+            f"vLLM prefill server {rep.index} of {len(prefill)} (the plan's prefill pool): run on {pool.gpu} "
+            f"node {rep.node} (GPUs {rep.cuda_visible_devices})")
     argv = [ROUTER, "--host", "0.0.0.0", "--port", str(BASE_PORT), "--vllm-pd-disaggregation",
             "--kv-connector", "nixl", "--policy", "round_robin"]
     for rep, port in prefill:
