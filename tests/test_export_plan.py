@@ -424,3 +424,32 @@ def test_check_exports_offline_part_finds_no_rejection_and_catches_one():
     assert checked == 2 * sum(len(TARGETS[n].versions) for n in COLOCATED)
     _uses, bad = CHECK.offline({"x.sh": b"exec vllm serve m --no-such-flag 1\n"}, "vllm", "0.33.0", tables, schemas)
     assert bad == ["vllm 0.33.0 serve: --no-such-flag"]
+
+
+@pytest.mark.parametrize("target", COLOCATED)
+def test_a_disaggregated_benchmark_compares_ttft_with_the_plan(target, tmp_path):
+    """The benchmark of both pools carries the plan's replayed TTFT, SLO and percentile; a
+    decode-only plan's says it has no TTFT figure."""
+    import subprocess
+
+    pool = json.loads(DISAGG.read_text())["deployment"]["prefill"]
+    _ctx, files = build(str(DISAGG), target)
+    text = files["benchmark.sh"].decode()
+    head = next(line for line in text.splitlines() if line.startswith("python3 - "))
+    assert head.split()[-4:-1] == [repr(pool["ttft_ms"]), repr(pool["ttft_slo_ms"]), repr(pool["ttft_percentile"])]
+    if target != "vllm":
+        return
+    res = tmp_path / "r"
+    res.mkdir()
+    (res / "tpot.json").write_text(json.dumps({"p50_ttft_ms": 500, "p95_ttft_ms": 1100, "p50_tpot_ms": 15,
+                                               "p95_tpot_ms": 16}))
+    snippet = text[text.index("python3 - "):]
+    out = subprocess.run(["bash", "-c", snippet], env={"RESULT_DIR": str(res), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert f"vs plan p95 {pool['ttft_ms']:.1f} ms" in out and "TTFT SLO 1000 ms: MISSED at p95" in out
+    _ctx, files = build(str(GOLDEN / "llama-3.1-8b_colocated_h100.json"), target)
+    snippet = files["benchmark.sh"].decode()
+    out = subprocess.run(["bash", "-c", snippet[snippet.index("python3 - "):]],
+                         env={"RESULT_DIR": str(res), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert "the plan is decode only: no TTFT figure" in out
