@@ -519,3 +519,19 @@ def test_a_malformed_alternative_is_no_crash_when_a_refusal_looks_for_one(tmp_pa
     ran = run_cli("export", plan, "--to", "vllm", "--out", tmp_path / "o")
     assert ran.code == 3, ran.err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("gpu,words", [("h100\n$(touch {m})", "deployment.prefill.gpu: String should match"),
+                                       ("nosuchgpu", "deployment.prefill.gpu: unknown GPU 'nosuchgpu'")])
+def test_a_bad_prefill_pool_gpu_is_one_line_naming_the_field(gpu, words, tmp_path):
+    """The prefill pool's GPU type reaches scripts (comments) and node labels: refused where it enters."""
+    marker = tmp_path / "PWNED"
+    doc = json.loads(DISAGG.read_bytes())
+    doc["deployment"]["prefill"]["gpu"] = gpu.replace("{m}", str(marker))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    for target in ("vllm", "sglang", "dynamo", "llm-d"):
+        ran = run_cli("export", plan, "--to", target, "--out", tmp_path / "out")
+        line = assert_one_line_error(ran, 2, str(plan))
+        assert words in line
+        assert not (tmp_path / "out").exists() and not marker.exists()
