@@ -11,6 +11,7 @@ plan, the export is built in memory and
   command parsed by the runtime's argument parser, in a child process.
 
     python benchmarks/check_exports.py plan1.json plan2.json ... [--vllm-python /tmp/venv/bin/python]
+        [--release-python vllm==0.10.2=/tmp/py-0.10.2]   # that release's parser for its table's commands
 
 Prints one row per export and the count of rejections; exit 1 if any.
 """
@@ -84,6 +85,14 @@ def table_of(target: str, version: str, argv: list[str]) -> tuple[str, str, str]
 
 
 
+def dynamo_own(tables: dict, version: str) -> set[str]:
+    """Dynamo's worker flags that vLLM's parser does not know (`--is-prefill-worker`): they are
+    checked against Dynamo's table offline and left out of what vLLM's own parser reads (the
+    exporter writes only value-less ones)."""
+    vllm = set(tables["vllm"][VLLM_OF["dynamo"]]["serve"])
+    return set(tables["dynamo"][version]["worker"]) - vllm
+
+
 def validators():
     import jsonschema
 
@@ -103,6 +112,8 @@ def offline(files: dict[str, bytes], target: str, version: str, tables: dict, sc
     for argv in commands(files):
         runtime, release, command = table_of(target, version, argv)
         known = set(tables[runtime][release][command])
+        if target == "dynamo" and command == "serve":  # the worker's own flags beside vLLM's
+            known |= set(tables["dynamo"][version]["worker"])
         used = [a for a in argv if a.startswith("--")]
         uses += len(used)
         bad += [f"{runtime} {release} {command}: {flag}" for flag in used if flag not in known]
@@ -187,9 +198,18 @@ def main() -> int:
     ap.add_argument("plans", nargs="+")
     ap.add_argument("--vllm-python", help="interpreter with vllm (and vllm-router) installed")
     ap.add_argument("--sglang-python", help="interpreter with sglang (and sglang-router) installed")
+    ap.add_argument("--release-python", action="append", default=[], metavar="RUNTIME==VERSION=PYTHON",
+                    help="interpreter whose runtime is that release: the commands written for its flag table "
+                         "are parsed there instead (e.g. vllm==0.10.2=/tmp/py-vllm-0.10.2); repeatable")
     args = ap.parse_args()
     tables, schemas = json.loads(TABLES.read_text()), validators()
-    rows, total_bad, every = [], 0, {"vllm": [], "sglang": []}
+    by_release = {}
+    for spec in args.release_python:
+        m = re.fullmatch(r"([a-z-]+)==([0-9.]+)=(.+)", spec)
+        if m is None:
+            ap.error(f"--release-python: '{spec}' is not RUNTIME==VERSION=PYTHON")
+        by_release[(m.group(1), m.group(2))] = m.group(3)
+    rows, total_bad, every = [], 0, {"vllm": [], "sglang": [], **{f"{r}=={v}": [] for r, v in by_release}}
     for plan in args.plans:
         for name, target in TARGETS.items():
             for version in target.versions:
@@ -201,14 +221,19 @@ def main() -> int:
                     continue
                 uses, bad = offline(files, name, version, tables, schemas)
                 argvs = commands(files)
-                for key, jobs in parse_jobs(argvs).items():
-                    every[key] += jobs
+                own = dynamo_own(tables, version) if name == "dynamo" else set()
+                for argv in argvs:
+                    runtime, release, _command = table_of(name, version, argv)
+                    for key, jobs in parse_jobs([[a for a in argv if a not in own]]).items():
+                        every[f"{runtime}=={release}" if (runtime, release) in by_release else key] += jobs
                 man = json.loads(files["export.json"])
                 rows.append((Path(plan).name, name, version, f"{man['deployment']['copies']} copies, "
                              f"{man['deployment']['gpus_total']} GPUs", len(argvs), uses, "; ".join(bad) or "0"))
                 total_bad += len(bad)
     parsed = {}
-    for key, python in (("vllm", args.vllm_python), ("sglang", args.sglang_python)):
+    pythons = [("vllm", args.vllm_python), ("sglang", args.sglang_python),
+               *((f"{r}=={v}", py) for (r, v), py in by_release.items())]
+    for key, python in pythons:
         if python:
             rejected = online(python, every[key])
             parsed[key] = (len(every[key]), rejected)
@@ -220,7 +245,8 @@ def main() -> int:
     exports = sum(1 for r in rows if r[3] != "refused")
     print(f"\n{exports} exports, {sum(r[5] for r in rows)} flag uses checked against the flag tables")
     for key, (n, rejected) in parsed.items():
-        print(f"{key}'s own parsers: {n} commands parsed, {len(rejected)} rejected"
+        print(f"{key}'s own parsers{' (the rest of its releases)' if '==' not in key else ''}: {n} commands "
+              f"parsed, {len(rejected)} rejected"
               + "".join(f"\n  {r}" for r in rejected))
     for key in every:
         if key not in parsed:

@@ -41,8 +41,12 @@ SOURCES = {
     },
     "vllm-router": {"0.1.17": {"router": (("vllm_router/router_args.py",), ("RouterArgs",))}},
     "sglang-router": {"0.3.2": {"router": (("sglang_router/router_args.py",), ("RouterArgs",))}},
+    # Dynamo's own worker flags (`--is-prefill-worker`, `--connector`, ...); its worker adds vLLM's
+    # engine flags of the release it pins (the vllm table of that release)
+    "dynamo": {"0.6.0": {"worker": (("dynamo/vllm/args.py",), ())}},
 }
-PACKAGE = {"vllm": "vllm", "sglang": "sglang", "vllm-router": "vllm-router", "sglang-router": "sglang-router"}
+PACKAGE = {"vllm": "vllm", "sglang": "sglang", "vllm-router": "vllm-router", "sglang-router": "sglang-router",
+           "dynamo": "ai-dynamo"}
 
 
 def _flag_text(node: ast.AST) -> str | None:

@@ -60,7 +60,12 @@ def _plan(name: str) -> bytes:
     return _PLANS[name]
 
 
+DISAGG = GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8_v1.10.json"  # --ttft 1s --request-rate 8
+
+
 def _file(tmp_path: Path, name: str) -> str:
+    if name == "disagg":  # a disaggregated deployment (schema 1.10): decode copies and a prefill pool
+        return str(DISAGG)
     p = tmp_path / f"{name}.json"
     p.write_bytes(_plan(name))
     return str(p)
@@ -73,7 +78,7 @@ def _flag(argv: list[str], name: str) -> str:
 def _exports():
     for target in COLOCATED:
         for version in TARGETS[target].versions:
-            for plan in ("sized", "memory", "workload"):
+            for plan in ("sized", "memory", "workload", "disagg"):
                 yield target, version, plan
 
 
@@ -89,45 +94,64 @@ def test_export_realises_the_plan(target, version, plan, tmp_path):
     path = _file(tmp_path, plan)
     doc = read_plan(path)
     _ctx, files = build(path, target, runtime_version=version)
-    own = doc.owners[0]
-    gpus = doc.gpus_total if doc.deployment is None else doc.deployment.gpus_total
+    own, dep = doc.owners[0], doc.deployment
+    pool = None if dep is None else dep.prefill
+    decode_gpus = doc.gpus_total if dep is None else dep.gpus_total
+    gpus = decode_gpus + (0 if pool is None else pool.gpus)  # both pools
     man = json.loads(files["export.json"])
     assert man["deployment"]["gpus_total"] == gpus
-    assert man["deployment"]["copies"] == (1 if doc.deployment is None else doc.deployment.copies)
-    if doc.deployment is not None:
-        assert man["deployment"]["nodes_total"] == doc.deployment.nodes_total
+    assert man["deployment"]["copies"] == (1 if dep is None else dep.copies)
+    if dep is not None:
+        prefill_nodes = 0 if pool is None else math.ceil(pool.instances / (8 // pool.tensor_parallel))
+        assert man["deployment"]["nodes_total"] == dep.nodes_total + prefill_nodes
     servers = [a for a in commands(files) if a[1] == "serve" or "launch_server" in a[2]]
+    batch_flag = "--max-running-requests" if target == "sglang" else "--max-num-seqs"
+    decode = [a for a in servers if batch_flag in a]
+    prefill = [a for a in servers if batch_flag not in a]  # the plan records no prefill batch limit
     if target in ("vllm", "sglang"):
-        groups = [a for a in servers if "--data-parallel-size" not in a]  # serve-data-parallel.sh: instead
-        assert len(groups) * own.tensor_parallel == gpus
+        groups = [a for a in decode if "--data-parallel-size" not in a]  # serve-data-parallel.sh: instead
+        assert len(groups) * own.tensor_parallel == decode_gpus
+        assert len(prefill) == (0 if pool is None else pool.instances)
     else:
         import yaml
 
         y = yaml.safe_load(files[next(n for n in files if n.endswith(".yaml"))])
-        reps = (y["spec"]["services"]["VllmDecodeWorker"]["replicas"] if target == "dynamo"
-                else y["decode"]["replicas"])
-        assert reps * own.tensor_parallel == gpus
+        if target == "dynamo":
+            reps = y["spec"]["services"]["VllmDecodeWorker"]["replicas"]
+            pre = y["spec"]["services"].get("VllmPrefillWorker", {}).get("replicas", 0)
+        else:
+            reps, pre = y["decode"]["replicas"], y["prefill"].get("replicas", 0)
+        assert reps * own.tensor_parallel == decode_gpus
+        assert pre == (0 if pool is None else pool.instances)
+        assert len(prefill) == (0 if pool is None else 1)  # one service / pool of pods
     space = doc.search.space
-    gpu = load_hardware().resolve(own.gpu, "gpu")
-    usable = usable_bytes(gpu, own.tensor_parallel, utilization=space.gpu_memory_utilization,
-                          reserve_gb=space.reserve_gb(own.gpu)) * (1 - (space.memory_headroom or 0))
-    assert own.memory_bytes_per_gpu <= usable
     for argv in servers:
+        group = own if argv in decode else pool
+        gpu = load_hardware().resolve(group.gpu, "gpu")
+        usable = usable_bytes(gpu, group.tensor_parallel, utilization=space.gpu_memory_utilization,
+                              reserve_gb=space.reserve_gb(group.gpu)) * (1 - (space.memory_headroom or 0))
+        if group is own:
+            assert own.memory_bytes_per_gpu <= usable
         if target == "sglang":
             frac, width = float(_flag(argv, "--mem-fraction-static")), "--context-length"
             assert math.isclose(frac * gpu.memory_bytes, usable, rel_tol=0, abs_tol=1e-4 * gpu.memory_bytes)
-            assert _flag(argv, "--max-running-requests") == str(own.resident_batch)
         else:
             frac, width = float(_flag(argv, "--gpu-memory-utilization")), "--max-model-len"
-            budget = frac * gpu.memory_bytes - space.reserve_gb(own.gpu) * 2**30 - nccl_bytes(gpu, own.tensor_parallel)
+            budget = frac * gpu.memory_bytes - space.reserve_gb(group.gpu) * 2**30 - nccl_bytes(gpu, group.tensor_parallel)
             assert math.isclose(budget, usable, rel_tol=0, abs_tol=1e-4 * gpu.memory_bytes)
             if not space.memory_headroom:
                 assert frac == space.gpu_memory_utilization
-            assert _flag(argv, "--max-num-seqs") == str(own.resident_batch)
+        if group is own:
+            assert _flag(argv, batch_flag) == str(own.resident_batch)
+        else:  # the chunk the pool's prefill times assume
+            chunk = "--chunked-prefill-size" if target == "sglang" else "--max-num-batched-tokens"
+            assert int(_flag(argv, chunk)) == pool.chunk_tokens
         assert int(_flag(argv, width)) == doc.workload.window
     for argv in commands(files):
         runtime, release, command = _table(target, version, argv)
         known = set(TABLES[runtime][release][command])
+        if target == "dynamo" and command == "serve":  # Dynamo's worker adds its own (--is-prefill-worker)
+            known |= set(TABLES["dynamo"][version]["worker"])
         used = {a for a in argv if a.startswith("--")}
         assert used <= known, (runtime, release, command, used - known)
 
@@ -172,16 +196,84 @@ def test_a_plan_without_sizing_exports_one_copy_and_says_so(tmp_path):
     assert "(it records no sizing)" in (tmp_path / "o" / "serve-replica-0.sh").read_text()
 
 
-@pytest.mark.parametrize("target", ["vllm", "sglang"])
-def test_a_disaggregated_plan_says_its_prefill_pool_is_not_exported(target, tmp_path):
+@pytest.mark.parametrize("target", COLOCATED)
+def test_a_disaggregated_plan_exports_both_pools_and_says_so(target, tmp_path):
     from opweave_planner.export import export_plan
 
-    golden = GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8_v1.10.json"
-    pool = json.loads(golden.read_text())["deployment"]["prefill"]
-    done = export_plan(str(golden), target, str(tmp_path / "o"))
-    words = f"prefill pool ({pool['instances']}x {pool['gpu']} TP{pool['tensor_parallel']}) is not exported"
+    pool = json.loads(DISAGG.read_text())["deployment"]["prefill"]
+    done = export_plan(str(DISAGG), target, str(tmp_path / "o"))
+    words = f"its prefill pool ({pool['instances']}x {pool['gpu']} TP{pool['tensor_parallel']}, chunk"
     assert any(words in note for note in done.notes), done.notes
-    assert words in json.loads((tmp_path / "o" / "export.json").read_text())["deployment"]["note"]
+    man = json.loads((tmp_path / "o" / "export.json").read_text())["deployment"]
+    assert words in man["note"] and man["mode"] == "disaggregated"
+    assert man["prefill"]["instances"] == pool["instances"] and man["prefill"]["chunk_tokens"] == pool["chunk_tokens"]
+
+
+def test_a_target_without_a_prefill_export_still_says_it_leaves_the_pool_out(tmp_path):
+    """The note for a target that writes no prefill pool (none today: a guard for the next one)."""
+    from dataclasses import replace
+
+    from opweave_planner.export import sizing_note
+
+    ctx, _files = build(str(DISAGG), "vllm")
+    pool = ctx.prefill
+    ctx = replace(ctx, target=replace(ctx.target, writes_prefill=False))
+    assert f"prefill pool ({pool.instances}x {pool.gpu} TP{pool.tensor_parallel}) is not exported" in sizing_note(ctx)
+
+
+@pytest.mark.parametrize("target", ["vllm", "sglang"])
+def test_the_pd_router_fronts_every_prefill_and_decode_server(target):
+    """One router in P/D mode over all of them; prefill servers on their own nodes, NIXL side
+    channels (vLLM) and bootstrap ports (SGLang) distinct on each node."""
+    from opweave_planner.contract import read_plan
+
+    dep = read_plan(DISAGG).deployment
+    _ctx, files = build(str(DISAGG), target)
+    prefill = sorted(n for n in files if n.startswith("serve-prefill-"))
+    decode = sorted(n for n in files if n.startswith("serve-decode-"))
+    assert len(prefill) == dep.prefill.instances and len(decode) == dep.owners[0].replicas  # every copy
+    assert not any(n.startswith("serve-replica-") for n in files)
+    router = commands({"router.sh": files["router.sh"]})[0]
+    assert ("--vllm-pd-disaggregation" if target == "vllm" else "--pd-disaggregation") in router
+    assert router.count("--prefill") == len(prefill) and router.count("--decode") == len(decode)
+    place = json.loads(files["export.json"])["placement"]
+    pre_nodes = {r["node"] for r in place if r["owner"] == "prefill"}
+    dec_nodes = {r["node"] for r in place if r["owner"] != "prefill"}
+    assert pre_nodes and not pre_nodes & dec_nodes  # the plan's hand-off crosses nodes
+    ports = [(r["node"], d) for r in place for d in r["devices"]]
+    assert len(ports) == len(set(ports))  # no GPU serves twice
+    if target == "vllm":
+        for name in prefill + decode:
+            text = files[name].decode()
+            assert "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}'" in text
+        side = [(r["node"], 5600 + r["devices"][0]) for r in place]
+        assert len(side) == len(set(side))
+    else:
+        boots = [router[i + 2] for i, a in enumerate(router) if a == "--prefill"]
+        assert len(boots) == len(set(boots)) == len(prefill)
+
+
+def test_aggregated_exports_carry_the_chunk_the_plan_assumed(tmp_path):
+    """chunk_tokens_of: a 1.10 plan's prefill chunk; a plan that records none gets vLLM's own
+    default made explicit where it is the latency model's, nothing where the release's differs,
+    and SGLang nothing."""
+    from opweave_planner.export.common import chunk_tokens_of
+    from opweave_planner.export.vllm import FLAGS, chunk_args
+    from opweave_planner.latency.prefill import default_chunk_tokens
+
+    ctx, files = build(_file(tmp_path, "sized"), "vllm")
+    assert chunk_tokens_of(ctx.plan) is None
+    serve = commands({"s.sh": files["serve-replica-0.sh"]})[0]
+    assert "--enable-chunked-prefill" in serve
+    assert int(_flag(serve, "--max-num-batched-tokens")) == default_chunk_tokens(ctx.gpu("h100")) == 8192
+    flags = FLAGS["0.33.0"]
+    assert chunk_args(ctx, "a100", "0.33.0", flags)[-1] == "2048"
+    assert chunk_args(ctx, "b200", "0.26.0", flags)[-1] == str(default_chunk_tokens(ctx.gpu("b200")))
+    assert chunk_args(ctx, "b200", "0.33.0", flags) == []  # 0.33 defaults >= 160 GiB GPUs to 16384
+    _ctx, files = build(_file(tmp_path, "sized"), "sglang")
+    assert "--chunked-prefill-size" not in files["serve-replica-0.sh"].decode()
+    disagg = build(str(DISAGG), "vllm")[0]
+    assert chunk_tokens_of(disagg.plan) == disagg.prefill.chunk_tokens == 8192
 
 
 def test_a_sized_plan_exports_every_copy_behind_one_router(tmp_path):
@@ -332,3 +424,32 @@ def test_check_exports_offline_part_finds_no_rejection_and_catches_one():
     assert checked == 2 * sum(len(TARGETS[n].versions) for n in COLOCATED)
     _uses, bad = CHECK.offline({"x.sh": b"exec vllm serve m --no-such-flag 1\n"}, "vllm", "0.33.0", tables, schemas)
     assert bad == ["vllm 0.33.0 serve: --no-such-flag"]
+
+
+@pytest.mark.parametrize("target", COLOCATED)
+def test_a_disaggregated_benchmark_compares_ttft_with_the_plan(target, tmp_path):
+    """The benchmark of both pools carries the plan's replayed TTFT, SLO and percentile; a
+    decode-only plan's says it has no TTFT figure."""
+    import subprocess
+
+    pool = json.loads(DISAGG.read_text())["deployment"]["prefill"]
+    _ctx, files = build(str(DISAGG), target)
+    text = files["benchmark.sh"].decode()
+    head = next(line for line in text.splitlines() if line.startswith("python3 - "))
+    assert head.split()[-4:-1] == [repr(pool["ttft_ms"]), repr(pool["ttft_slo_ms"]), repr(pool["ttft_percentile"])]
+    if target != "vllm":
+        return
+    res = tmp_path / "r"
+    res.mkdir()
+    (res / "tpot.json").write_text(json.dumps({"p50_ttft_ms": 500, "p95_ttft_ms": 1100, "p50_tpot_ms": 15,
+                                               "p95_tpot_ms": 16}))
+    snippet = text[text.index("python3 - "):]
+    out = subprocess.run(["bash", "-c", snippet], env={"RESULT_DIR": str(res), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert f"vs plan p95 {pool['ttft_ms']:.1f} ms" in out and "TTFT SLO 1000 ms: MISSED at p95" in out
+    _ctx, files = build(str(GOLDEN / "llama-3.1-8b_colocated_h100.json"), target)
+    snippet = files["benchmark.sh"].decode()
+    out = subprocess.run(["bash", "-c", snippet[snippet.index("python3 - "):]],
+                         env={"RESULT_DIR": str(res), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert "the plan is decode only: no TTFT figure" in out

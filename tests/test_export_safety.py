@@ -29,6 +29,7 @@ from opweave_planner.export.shell import Var, Word, comment, quote, shell_comman
 
 COLOCATED = GOLDEN / "llama-3.1-8b_colocated_h100.json"
 MANY_STAGES = GOLDEN / "llama-3.1-8b_afd_h100+a100.json"
+DISAGG = GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8_v1.10.json"  # both pools
 STUBBED = ("vllm", "vllm-router", "python3")
 _STUB = r"""#!/bin/bash
 log=$(mktemp "$STUB_LOG/call.XXXXXXXX")
@@ -197,9 +198,10 @@ def test_good_model_ids_reach_every_script_as_one_unchanged_argument(model_id, t
     path = model_id.startswith(("/", "./", "../"))
     for target in ("vllm", "sglang", "dynamo") + (() if path else ("llm-d",)):
         out = tmp_path / target
-        ran = run_cli("export", _replicated(tmp_path, 2), "--to", target, "--out", out, "--model-id", model_id)
-        assert ran.code == 0, ran.err
-        assert check_scripts(out, stubs, model_id, [tmp_path / "PWNED"]) >= 1
+        for plan in (_replicated(tmp_path, 2), DISAGG):  # and a disaggregated plan's prefill, decode, P/D router
+            ran = run_cli("export", plan, "--to", target, "--out", out, "--model-id", model_id)
+            assert ran.code == 0, ran.err
+            assert check_scripts(out, stubs, model_id, [tmp_path / "PWNED"]) >= 1
 
 
 @pytest.mark.parametrize("name", ["m\n$(touch {m})", "m\r\n`touch {m}`", "m\x00", "m\x1b[2J", "m\u2028x"])
@@ -491,7 +493,8 @@ def test_memory_share_uses_the_reserve_the_gpu_type_was_searched_with(tmp_path):
     gpu = load_hardware().resolve("h100", "h100")
     for reserve, plan in ((20.0, path), (3.5, COLOCATED)):
         _, files = build(str(plan), "vllm")  # vLLM's budget is the searched share: it takes out the reserve itself
-        assert "--gpu-memory-utilization 0.9\n" in files["serve-replica-0.sh"].decode()
+        words = files["serve-replica-0.sh"].decode().replace("\\\n", " ").split()  # one argv, flags in any order
+        assert words[words.index("--gpu-memory-utilization") + 1] == "0.9"
         _, files = build(str(plan), "sglang")  # SGLang's static pool: the usable bytes the search left
         static = (0.9 * gpu.memory_bytes - reserve * 2**30 - nccl_bytes(gpu, tp)) / gpu.memory_bytes
         assert f"--mem-fraction-static {math.floor(static * 1e4) / 1e4:g}\n" in files["serve-replica-0.sh"].decode()
@@ -516,3 +519,19 @@ def test_a_malformed_alternative_is_no_crash_when_a_refusal_looks_for_one(tmp_pa
     ran = run_cli("export", plan, "--to", "vllm", "--out", tmp_path / "o")
     assert ran.code == 3, ran.err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("gpu,words", [("h100\n$(touch {m})", "deployment.prefill.gpu: String should match"),
+                                       ("nosuchgpu", "deployment.prefill.gpu: unknown GPU 'nosuchgpu'")])
+def test_a_bad_prefill_pool_gpu_is_one_line_naming_the_field(gpu, words, tmp_path):
+    """The prefill pool's GPU type reaches scripts (comments) and node labels: refused where it enters."""
+    marker = tmp_path / "PWNED"
+    doc = json.loads(DISAGG.read_bytes())
+    doc["deployment"]["prefill"]["gpu"] = gpu.replace("{m}", str(marker))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    for target in ("vllm", "sglang", "dynamo", "llm-d"):
+        ran = run_cli("export", plan, "--to", target, "--out", tmp_path / "out")
+        line = assert_one_line_error(ran, 2, str(plan))
+        assert words in line
+        assert not (tmp_path / "out").exists() and not marker.exists()

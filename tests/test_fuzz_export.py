@@ -21,7 +21,7 @@ import pytest
 from conftest import AFD_PLAN, budget, run_cli
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_export_safety import MANY_STAGES, Stubs, check_scripts, replicated
+from test_export_safety import DISAGG, MANY_STAGES, Stubs, check_scripts, replicated
 from test_fuzz_cli import check
 
 from opweave_planner.export.documents import to_yaml
@@ -80,7 +80,8 @@ def _deepseek_afd() -> dict:
 
 
 PLANS = {"one": lambda: replicated(1), "two": lambda: replicated(2), "three": lambda: replicated(3),
-         "deepseek-afd": _deepseek_afd, "llama-afd": lambda: json.loads(AFD_PLAN.read_bytes())}
+         "deepseek-afd": _deepseek_afd, "llama-afd": lambda: json.loads(AFD_PLAN.read_bytes()),
+         "disagg": lambda: json.loads(DISAGG.read_bytes())}  # prefill + decode pools, P/D router
 
 
 def _run_export(tmp_path_factory, doc: dict, target: str, extra: list[str], model_id: str | None):
@@ -127,7 +128,7 @@ def _strings(obj) -> set[str]:
 
 
 # (plan, target) pairs: mostly ones the target can run, so the scripts are rendered and run
-RUNNABLE = [(p, t) for p in ("one", "two", "three") for t in ("vllm", "sglang", "dynamo", "llm-d")]
+RUNNABLE = [(p, t) for p in ("one", "two", "three", "disagg") for t in ("vllm", "sglang", "dynamo", "llm-d")]
 REFUSED = [("one", "vllm-afd"), ("llama-afd", "vllm-afd"), ("deepseek-afd", "vllm"), ("llama-afd", "dynamo")]
 SHAPES = st.sampled_from(RUNNABLE + [("deepseek-afd", "vllm-afd")] * 3 + REFUSED)  # sampled evenly
 
@@ -142,12 +143,15 @@ def test_fuzz_hostile_model_ids_into_every_exporter(tmp_path_factory, shape, mod
 @settings(max_examples=budget(0.2))
 @given(st.sampled_from(RUNNABLE), st.one_of(hostile(printable=True), hostile(printable=True), hostile()),
        st.one_of(st.just("org/m"), st.just("org/m"), st.none(), model_ids()),
-       st.sampled_from(["model", "model", "model", "policy", "gpu"]))
+       st.sampled_from(["model", "model", "model", "policy", "gpu", "prefill gpu"]))
 def test_fuzz_hostile_plan_names_into_every_exporter(tmp_path_factory, shape, name, model_id, field):
     plan, target = shape
     doc = PLANS[plan]()
     if field == "gpu":
         doc["owners"][0]["gpu"] = name
+    elif field == "prefill gpu":  # the prefill pool's GPU type (a disaggregated plan; else the owner's)
+        pool = (doc.get("deployment") or {}).get("prefill")
+        (pool if pool is not None else doc["owners"][0])["gpu"] = name
     else:
         doc[field] = name
     _run_export(tmp_path_factory, doc, target, [], model_id)

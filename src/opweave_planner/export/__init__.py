@@ -29,6 +29,7 @@ from opweave_planner.export.common import (
     check_model_id,
     check_plan_names,
     check_text,
+    chunk_tokens_of,
     hf_repo,
     normalise_alternative,
     shown,
@@ -198,6 +199,8 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
                   base_cost=base_cost, deployment=_deployment(plan, raw, alt, hw))
     for o in plan.owners:
         ctx.gpu(o.gpu)  # a GPU type the catalog lacks is a bad input, named here
+    if ctx.prefill is not None:
+        hw.resolve(ctx.prefill.gpu, f"{plan_path}: deployment.prefill.gpu")
     runtime.check(ctx)
     files = runtime.render(ctx)
     files[MANIFEST] = _manifest(ctx, files, plan_data)
@@ -237,19 +240,31 @@ def _deployment(plan, raw: dict[str, Any], alt: str | None, hw):
                         f"alternative ({exc}); export the plan itself, or re-plan") from None
 
 
+def gpus_exported(ctx: Context) -> int:
+    """GPUs the files run: every decode group of every copy, and the prefill pool where written."""
+    pool = len(ctx.prefill_placement) * ctx.prefill.tensor_parallel if ctx.target.writes_prefill and ctx.prefill else 0
+    return sum(len(ctx.placement(o)) * o.tensor_parallel for o in ctx.plan.owners) + pool
+
+
 def sizing_note(ctx: Context) -> str:
     """One line on how much of a deployment the files run."""
     dep = ctx.deployment
-    gpus = sum(len(ctx.placement(o)) * o.tensor_parallel for o in ctx.plan.owners)
+    gpus = gpus_exported(ctx)
     if dep is None:
         return (f"one copy of the plan ({gpus} GPUs): it records no deployment sizing; plan with "
                 f"--target-tokens-per-s or --target-concurrency to deploy more")
+    pool = ctx.prefill
+    if pool is not None and ctx.target.writes_prefill:
+        return (f"{dep.copies} copies of the plan (the decode pool) and its prefill pool ({pool.instances}x "
+                f"{pool.gpu} TP{pool.tensor_parallel}, chunk {pool.chunk_tokens} tokens), {gpus} GPUs on "
+                f"{ctx.nodes} nodes, as its deployment sized; the prompt's KV goes from prefill to decode "
+                f"over NIXL")
     line = f"{dep.copies} copies of the plan, {gpus} GPUs on {ctx.nodes} nodes, as its deployment sized"
-    pool = getattr(dep, "prefill", None)
-    if pool is not None:  # no exporter writes a prefill pool yet: say what the files leave out
+    if pool is not None:  # this target writes no prefill pool: say what the files leave out
         line += (f"; the decode pool only: the plan's prefill pool ({pool.instances}x {pool.gpu} TP"
-                 f"{pool.tensor_parallel}) is not exported (no disaggregated export yet), and these "
-                 f"servers prefill what they receive themselves, which the plan's TPOT does not include")
+                 f"{pool.tensor_parallel}) is not exported ({ctx.target.name} has no disaggregated export), "
+                 f"and these servers prefill what they receive themselves, which the plan's TPOT does not "
+                 f"include")
     return line
 
 
@@ -263,8 +278,12 @@ def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes
             "sized": dep is not None, "copies": ctx.copies, "note": sizing_note(ctx),
             "target_tokens_per_s": None if dep is None else dep.target_tokens_per_s,
             "target_concurrency": None if dep is None else dep.target_concurrency,
-            "gpus_total": sum(len(ctx.placement(o)) * o.tensor_parallel for o in p.owners),
-            "nodes_total": ctx.nodes,
+            "gpus_total": gpus_exported(ctx),
+            "nodes_total": ctx.nodes if ctx.target.writes_prefill else len(
+                {r.node for o in p.owners for r in ctx.placement(o)}),
+            "mode": "disaggregated" if ctx.prefill is not None and ctx.target.writes_prefill else "aggregated",
+            "prefill": _prefill_record(ctx),
+            "chunk_tokens": chunk_tokens_of(p),
             "owners": [{"owner": o.index, "gpu": o.gpu, "tensor_parallel": o.tensor_parallel,
                         "replicas": len(ctx.placement(o)), "resident_batch": o.resident_batch,
                         "memory_fraction": ctx.memory_fraction(o), "static_fraction": ctx.static_fraction(o)}
@@ -282,9 +301,23 @@ def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes
                  "usd_per_million_tokens": p.usd_per_million_tokens, "global_batch": p.global_batch,
                  "gpus_total": p.gpus_total, "num_stages": p.num_stages},
         "placement": [{"owner": r.owner, "replica": r.index, "copy": r.copy, "gpu": o.gpu, "node": r.node,
-                       "devices": list(r.devices)} for o in p.owners for r in ctx.placement(o)],
+                       "devices": list(r.devices)} for o in p.owners for r in ctx.placement(o)]
+                     + ([{"owner": "prefill", "replica": r.index, "copy": None, "gpu": ctx.prefill.gpu,
+                          "node": r.node, "devices": list(r.devices)} for r in ctx.prefill_placement]
+                        if ctx.target.writes_prefill else []),
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
     })
+
+
+def _prefill_record(ctx: Context) -> dict[str, Any] | None:
+    """The prefill pool the files run (None where there is none or the target writes none)."""
+    pool = ctx.prefill
+    if pool is None or not ctx.target.writes_prefill:
+        return None
+    return {"gpu": pool.gpu, "tensor_parallel": pool.tensor_parallel, "instances": len(ctx.prefill_placement),
+            "chunk_tokens": pool.chunk_tokens, "memory_fraction": ctx.memory_fraction(pool),
+            "static_fraction": ctx.static_fraction(pool),
+            "nodes": sorted({r.node for r in ctx.prefill_placement})}
 
 
 def write(out: str, files: dict[str, bytes]) -> tuple[str, ...]:

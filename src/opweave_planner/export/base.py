@@ -49,6 +49,7 @@ class Target:
     hint: str = "re-plan with --policy colocated"  # what to do when no alternative fits
     needs_model: bool = False  # check reads the model's config: one that cannot be loaded is an error
     search_limits: Mapping[str, int] = field(default_factory=dict)  # e.g. max_stages=1 (see above)
+    writes_prefill: bool = False  # renders a disaggregated plan's prefill pool (Context.prefill)
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -165,9 +166,31 @@ class Context:
         return out
 
     @property
+    def prefill(self):
+        """The prefill pool a disaggregated plan records beside its decode copies (schema 1.10),
+        which the export deploys too; None for a plan whose decode servers prefill themselves."""
+        dep = self.deployment
+        return dep.prefill if dep is not None and getattr(dep, "mode", None) == "disaggregated" else None
+
+    @cached_property
+    def prefill_placement(self) -> list[Replica]:
+        """The prefill instances on their own nodes, numbered after the decode pool's (the plan
+        hands the prompt's KV to the decode pool over the inter-node link), first fit, TP groups
+        never split; owner -1 marks the pool."""
+        pool = self.prefill
+        if pool is None:
+            return []
+        tp = pool.tensor_parallel
+        per_node = max(1, self.gpu(pool.gpu).gpus_per_node // tp)
+        first = len({r.node for reps in self._placement.values() for r in reps})
+        return [Replica(-1, i, first + i // per_node, tuple(range((i % per_node) * tp, (i % per_node + 1) * tp)))
+                for i in range(pool.instances)]
+
+    @property
     def nodes(self) -> int:
-        """Nodes the export places groups on."""
-        return len({r.node for reps in self._placement.values() for r in reps})
+        """Nodes the export places groups on (the prefill pool's included)."""
+        return len({r.node for reps in self._placement.values() for r in reps}
+                   | {r.node for r in self.prefill_placement})
 
     def usable_bytes(self, owner) -> float:
         """Bytes per GPU the plan was searched with for weights, KV/state and workspace (its

@@ -46,7 +46,13 @@ _COMPARE = (
     "r = json.loads(lines[-1])  # a JSON file, or the last record of a JSONL file",
     "t50, tq = float(r[{ttft50!r}]), float(r[{ttftq!r}])",
     "p50, pq = float(r[{p50!r}]), float(r[{pq!r}])",
-    'print(f"TTFT p50 {{t50:.1f}} ms, {q} {{tq:.1f}} ms (the plan is decode only: no TTFT figure)")',
+    "ttft_plan, ttft_slo, ttft_pct = (float(x) for x in sys.argv[5:8]) if len(sys.argv) > 5 else (0, 0, 0)",
+    "if not ttft_plan:",
+    '    print(f"TTFT p50 {{t50:.1f}} ms, {q} {{tq:.1f}} ms (the plan is decode only: no TTFT figure)")',
+    "else:",
+    '    print(f"TTFT p50 {{t50:.1f}} ms, {q} {{tq:.1f}} ms vs plan p{{ttft_pct:g}} {{ttft_plan:.1f}} ms "',
+    '          f"({{100 * (tq / ttft_plan - 1):+.1f}} %); TTFT SLO {{ttft_slo:g}} ms: "',
+    '          f"{{\'met\' if tq <= ttft_slo else \'MISSED\'}} at {q}")',
     'print(f"TPOT p50 {{p50:.2f}} ms vs plan {{p50_plan:.2f}} ms ({{100 * (p50 / p50_plan - 1):+.1f}} %), "',
     '      f"{q} {{pq:.2f}} ms vs plan p95 {{p95_plan:.2f}} ms ({{100 * (pq / p95_plan - 1):+.1f}} %); "',
     '      f"SLO {{slo:g}} ms: {{\'met\' if pq <= slo else \'MISSED\'}} at {q}")',
@@ -191,9 +197,19 @@ def sample_bytes(t: Traffic) -> bytes:
     return b"\n".join(lines) + b"\n"
 
 
-def compare_snippet(plan, keys: Keys, result: ShellWord) -> list[str]:
+def plan_ttft(ctx) -> tuple[float, float, float] | None:
+    """The TTFT the plan predicts for the deployment the files run, (ms, SLO ms, percentile): a
+    disaggregated plan's replayed prefill-pool TTFT where its pool is exported, else None."""
+    pool = ctx.prefill
+    if pool is None or not ctx.target.writes_prefill:
+        return None
+    return pool.ttft_ms, pool.ttft_slo_ms, pool.ttft_percentile
+
+
+def compare_snippet(plan, keys: Keys, result: ShellWord, ttft: tuple[float, float, float] | None = None) -> list[str]:
     """Bash lines that read the benchmark's JSON result and print TTFT and TPOT p50 / upper
-    percentile against the plan's (a workload plan's p50 and p95 step TPOT, else its TPOT)."""
+    percentile against the plan's (a workload plan's p50 and p95 step TPOT, else its TPOT; TTFT
+    where the plan predicts one, `plan_ttft`)."""
     names = (keys.ttft50, keys.ttftq, keys.p50, keys.pq, keys.q)
     if not all(_RESULT_KEY.fullmatch(k) for k in names):
         raise InternalError(f"benchmark result keys {names!r} are not plain names")
@@ -203,6 +219,8 @@ def compare_snippet(plan, keys: Keys, result: ShellWord) -> list[str]:
         raise InternalError("the benchmark's here-doc holds its own terminator")
     p50, p95 = (plan.tpot.p50_ms, plan.tpot.p95_ms) if plan.tpot is not None else (plan.tpot_ms, plan.tpot_ms)
     argv = ["python3", "-", result, number(p50), number(p95), number(plan.workload.tpot_slo_ms)]
+    if ttft is not None:
+        argv += [number(x) for x in ttft]
     return [" ".join(quote(w) for w in argv) + f" <<'{_HEREDOC_END}'", *body, _HEREDOC_END]
 
 
@@ -258,7 +276,7 @@ def benchmark_vllm(ctx, backend: str, what: str = "the deployment") -> dict[str,
         lines.append(comment("Needs the client of vLLM 0.26.0 or newer (its timed_trace dataset) where this runs."))
     lines += bench_env(ctx, t)
     lines.append(shell_command(argv))
-    lines += compare_snippet(ctx.plan, VLLM_KEYS, Word(v["RESULT_DIR"], "/tpot.json"))
+    lines += compare_snippet(ctx.plan, VLLM_KEYS, Word(v["RESULT_DIR"], "/tpot.json"), plan_ttft(ctx))
     files = {"benchmark.sh": script(lines)}
     if not t.fixed:
         files[SAMPLE] = sample_bytes(t)

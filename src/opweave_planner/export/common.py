@@ -44,6 +44,16 @@ def hf_repo(model: str) -> str | None:
 
 
 
+def chunk_tokens_of(plan) -> int | None:
+    """The prefill chunk (tokens per scheduler step) the plan's prefill times assume, where it
+    records one: a disaggregated plan's prefill pool (schema 1.10, `deployment.prefill.chunk_tokens`;
+    0 = whole prompts in one step). None: the plan models no prefill. Every exporter reads the
+    chunk here, so a plan key that records another mode's chunk is added in this one place."""
+    dep = plan.deployment
+    pool = getattr(dep, "prefill", None) if dep is not None else None
+    return None if pool is None else pool.chunk_tokens
+
+
 BASE_PORT = 8000  # the router (or the only replica) listens here; replica r of several on 8001 + r
 
 # Alternative classes a plan file may carry (issue 15 item 1), in the order they are suggested.

@@ -3,7 +3,10 @@
 Keys follow the chart's `values.schema.json` vendored in `vendor/llm-d-modelservice-v0.4.12/`;
 the chart's `vllmServe` model command adds `--port`, `--tensor-parallel-size` (from
 `decode.parallelism.tensor`) and `--served-model-name`, and requests `tensor` GPUs per pod
-(`templates/_helpers.tpl`), so the values carry the remaining vLLM flags only.
+(`templates/_helpers.tpl`), so the values carry the remaining vLLM flags only. A disaggregated
+plan (schema 1.10) fills the chart's `prefill` pool too, both pools with vLLM's NixlConnector
+and the chart's routing sidecar (`routing.proxy`, connector `nixlv2`) in front of each decode pod,
+as llm-d's P/D guide writes them.
 """
 
 from __future__ import annotations
@@ -29,16 +32,47 @@ def check(ctx: Context) -> None:
                         f"repo id, or export --to vllm for local weights")
 
 
+PROXY_PORT = 8200  # the sidecar's targetPort: the decode vLLM listens there, the sidecar on 8000
+
+
+def _container(ctx: Context, args: list[str], port: int) -> dict:
+    return {
+        "name": "vllm",
+        "image": ctx.image or IMAGE,
+        "modelCommand": "vllmServe",
+        "args": args,
+        "ports": [{"containerPort": port, "protocol": "TCP"}],
+        "mountModelVolume": True,
+    }
+
+
 def values(ctx: Context) -> dict:
     """The Helm values as a plain dict (what values.yaml holds, key for key)."""
-    owner = ctx.plan.owners[0]
-    flags = _vllm.FLAGS[VLLM_OF[ctx.version]]
+    owner, pool = ctx.plan.owners[0], ctx.prefill
+    release = VLLM_OF[ctx.version]
+    flags = _vllm.FLAGS[release]
     args = _vllm.engine_args(ctx, owner, flags)[2:]  # the chart sets --tensor-parallel-size itself
+    if pool is None:
+        args += _vllm.chunk_args(ctx, owner.gpu, release, flags)
+    else:
+        args += [flags["kvt"], _vllm.KV_TRANSFER]
     size_gib = 1
     if ctx.spec is not None:
         from opweave_planner.structure.operators import build_sequence
 
         size_gib = math.ceil(build_sequence(ctx.spec).weight_bytes() / 2**30 * 1.1)
+    prefill: dict = {"create": False}
+    if pool is not None:
+        prefill = {
+            "create": True,
+            "replicas": len(ctx.prefill_placement),
+            "parallelism": {"tensor": pool.tensor_parallel, "data": 1, "dataLocal": 1, "workers": 1},
+            "nodeSelector": {GPU_LABEL_KEY: ctx.node_label(pool.gpu)},
+            "containers": [_container(ctx, _vllm.prefill_args(ctx, flags, release)[2:]
+                                      + [flags["kvt"], _vllm.KV_TRANSFER], BASE_PORT)],
+        }
+    proxy = {"enabled": False} if pool is None else {"enabled": True, "connector": "nixlv2",
+                                                      "targetPort": PROXY_PORT}
     return {
         "multinode": False,
         "modelArtifacts": {
@@ -48,23 +82,16 @@ def values(ctx: Context) -> dict:
             "authSecretName": "llm-d-hf-token",
             "labels": {"llm-d.ai/inference-serving": "true", "llm-d.ai/model": ctx.slug},
         },
-        "routing": {"servicePort": BASE_PORT, "proxy": {"enabled": False}},
+        "routing": {"servicePort": BASE_PORT, "proxy": proxy},
         "accelerator": {"type": "nvidia"},
         "decode": {
             "create": True,
             "replicas": ctx.groups(owner),  # every copy of the plan
             "parallelism": {"tensor": owner.tensor_parallel, "data": 1, "dataLocal": 1, "workers": 1},
             "nodeSelector": {GPU_LABEL_KEY: ctx.node_label(owner.gpu)},
-            "containers": [{
-                "name": "vllm",
-                "image": ctx.image or IMAGE,
-                "modelCommand": "vllmServe",
-                "args": args,
-                "ports": [{"containerPort": BASE_PORT, "protocol": "TCP"}],
-                "mountModelVolume": True,
-            }],
+            "containers": [_container(ctx, args, BASE_PORT if pool is None else PROXY_PORT)],
         },
-        "prefill": {"create": False},
+        "prefill": prefill,
     }
 
 
@@ -78,4 +105,4 @@ def render(ctx: Context) -> dict[str, bytes]:
 
 TARGET = Target(name="llm-d", summary="llm-d-modelservice Helm values (Kubernetes)", versions=tuple(VLLM_OF),
                 default_version="0.4.12", fits=_vllm.fits, check=check, render=render,
-                search_limits=_vllm.COLOCATED_LIMITS)
+                search_limits=_vllm.COLOCATED_LIMITS, writes_prefill=True)

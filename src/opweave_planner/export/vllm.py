@@ -1,7 +1,9 @@
 """`--to vllm`: one `vllm serve` script per replica, a vllm-router script, and a benchmark.
 
 vLLM runs colocated decode (TP inside a replica, replicas behind a router), so only a one-stage,
-one-owner plan is accepted. Flag names per pinned version come from vLLM's own parser
+one-owner plan is accepted. A disaggregated plan (schema 1.10) gets its prefill pool too: prefill
+and decode servers joined by vLLM's NixlConnector (`--kv-transfer-config`), vllm-router in its P/D
+mode over all of them. Flag names per pinned version come from vLLM's own parser
 (`vllm/engine/arg_utils.py`, `vllm/entrypoints/*/cli_args.py`, `vllm/benchmarks/serve.py`);
 docs/export.md names the files.
 """
@@ -12,7 +14,13 @@ from types import MappingProxyType
 
 from opweave_planner.export.base import Context, Target, share
 from opweave_planner.export.bench import benchmark_vllm
-from opweave_planner.export.common import BASE_PORT, is_colocated, refuse, shape_words
+from opweave_planner.export.common import (
+    BASE_PORT,
+    chunk_tokens_of,
+    is_colocated,
+    refuse,
+    shape_words,
+)
 from opweave_planner.export.shell import Var, Word, assign, header, integer, script, shell_command
 
 # Same flag names in both pinned releases; kept per version so a rename is a one-line change.
@@ -20,6 +28,7 @@ _SERVE = {
     "tp": "--tensor-parallel-size", "dp": "--data-parallel-size", "seqs": "--max-num-seqs",
     "len": "--max-model-len", "kv": "--kv-cache-dtype", "mem": "--gpu-memory-utilization",
     "ep": "--enable-expert-parallel", "host": "--host", "port": "--port",
+    "chunked": "--enable-chunked-prefill", "batched": "--max-num-batched-tokens", "kvt": "--kv-transfer-config",
 }
 FLAGS = {"0.10.2": _SERVE, "0.26.0": _SERVE, "0.33.0": _SERVE}
 ROUTER = "vllm-router"  # vllm-project/router, PyPI vllm-router 0.1.17 (vllm_router/router_args.py)
@@ -54,10 +63,54 @@ def engine_args(ctx: Context, owner, flags: dict[str, str]) -> list[str]:
     return argv
 
 
+# The KV hand-off of a disaggregated export: NIXL (in every flag-table release, vLLM's
+# documented P/D connector; `kv_both` as its docs write it), one side channel per server.
+KV_TRANSFER = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+NIXL_PORT = 5600  # VLLM_NIXL_SIDE_CHANNEL_PORT base; a server on devices [d, d+t) listens from 5600 + d
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+def chunk_args(ctx: Context, gpu_id: str, release: str, flags: dict[str, str]) -> list[str]:
+    """The prefill chunk the plan assumed (`chunk_tokens_of`) as vLLM's step budget; a plan that
+    records none gets vLLM's own default made explicit where it is the latency model's
+    (`default_chunk_tokens`: 8192 on >= 70 GiB GPUs other than A100, else 2048, as every table
+    release sets it), nothing where the release's differs (0.33 gives >= 160 GiB GPUs 16384)."""
+    chunk = chunk_tokens_of(ctx.plan)
+    if chunk is None:
+        from opweave_planner.latency.prefill import default_chunk_tokens
+
+        gpu = ctx.gpu(gpu_id)
+        if _release(release) >= (0, 33) and gpu.memory_bytes >= 160 * 2**30:
+            return []
+        chunk = default_chunk_tokens(gpu)
+    if chunk == 0:  # whole prompts in one step: a budget of the window (vLLM's V1 engine always chunks)
+        return [flags["batched"], str(ctx.plan.workload.window)]
+    return [flags["chunked"], flags["batched"], str(chunk)]
+
+
+def prefill_args(ctx: Context, flags: dict[str, str], release: str) -> list[str]:
+    """Engine flags of a prefill instance: its TP, the window, the plan's memory budget and chunk
+    (the pool records no batch limit: vLLM's own)."""
+    pool = ctx.prefill
+    return [flags["tp"], str(pool.tensor_parallel), flags["len"], str(ctx.plan.workload.window),
+            flags["kv"], "auto", flags["mem"], share(ctx.memory_fraction(pool)),
+            *chunk_args(ctx, pool.gpu, release, flags)]
+
+
 def replica_ports(ctx: Context, owner) -> list[int]:
-    """Port of each group over every copy: 8000 for a lone one, else 8001, 8002, ... (router on 8000)."""
+    """Port of each group over every copy: 8000 for a lone one, else 8001, 8002, ... (router on 8000;
+    a disaggregated export always has its P/D router there)."""
     n = ctx.groups(owner)
-    return [BASE_PORT] if n == 1 else [BASE_PORT + 1 + r for r in range(n)]
+    return [BASE_PORT] if n == 1 and ctx.prefill is None else [BASE_PORT + 1 + r for r in range(n)]
+
+
+def prefill_ports(ctx: Context) -> list[int]:
+    """Ports of the prefill instances, after the decode groups'."""
+    first = BASE_PORT + 1 + ctx.groups(ctx.plan.owners[0])
+    return [first + i for i in range(len(ctx.prefill_placement))]
 
 
 def node_host(node: int) -> Var:
@@ -74,16 +127,25 @@ def cuda_devices(devices: str) -> str:
     return "export " + assign("CUDA_VISIBLE_DEVICES", devices)
 
 
+def nixl_env(rep) -> list[str]:
+    """The NIXL side channel of one server: its node's address (the peer connects to it) and a port
+    no other server on that node uses."""
+    return ["export " + assign("VLLM_NIXL_SIDE_CHANNEL_HOST", node_host(rep.node)),
+            "export " + assign("VLLM_NIXL_SIDE_CHANNEL_PORT", str(NIXL_PORT + rep.devices[0]))]
+
+
 def render(ctx: Context) -> dict[str, bytes]:
+    if ctx.prefill is not None:
+        return render_disaggregated(ctx)
     flags = FLAGS[ctx.version]
     owner = ctx.plan.owners[0]
     files: dict[str, bytes] = {}
     ports = replica_ports(ctx, owner)
     placement = ctx.placement(owner)
     n = len(placement)
+    engine = [*engine_args(ctx, owner, flags), *chunk_args(ctx, owner.gpu, ctx.version, flags)]
     for rep, port in zip(placement, ports):
-        argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(port),
-                *engine_args(ctx, owner, flags)]
+        argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(port), *engine]
         lines = header(ctx, f"vLLM replica {rep.index} of {n} (copy {rep.copy} of {ctx.copies}): run on "
                             f"{owner.gpu} node {rep.node} (GPUs {rep.cuda_visible_devices}), serves port {port}.")
         lines += [cuda_devices(rep.cuda_visible_devices), "exec " + shell_command(argv)]
@@ -94,12 +156,52 @@ def render(ctx: Context) -> dict[str, bytes]:
     if data_parallel_applies(ctx, owner):
         devices = ",".join(str(d) for rep in placement for d in rep.devices)
         argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(BASE_PORT),
-                flags["dp"], str(n), *engine_args(ctx, owner, flags)]
+                flags["dp"], str(n), *engine]
         lines = header(ctx, f"Instead of serve-replica-*.sh + router.sh: one vLLM server with "
                             f"{n} data-parallel engines on {owner.gpu} node 0 (GPUs {devices}), "
                             f"load-balanced by vLLM itself, port {BASE_PORT}.")
         lines += [cuda_devices(devices), "exec " + shell_command(argv)]
         files["serve-data-parallel.sh"] = script(lines)
+    files.update(benchmark_vllm(ctx, backend="vllm"))
+    return files
+
+
+def render_disaggregated(ctx: Context) -> dict[str, bytes]:
+    """`serve-decode-<r>.sh` per decode group of every copy, `serve-prefill-<i>.sh` per prefill
+    instance, NIXL between them, `router.sh` (vllm-router's P/D mode) over all of them."""
+    flags = FLAGS[ctx.version]
+    owner, pool = ctx.plan.owners[0], ctx.prefill
+    files: dict[str, bytes] = {}
+    decode = list(zip(ctx.placement(owner), replica_ports(ctx, owner)))
+    prefill = list(zip(ctx.prefill_placement, prefill_ports(ctx)))
+    def server(rep, port: int, engine: list[str], what: str) -> bytes:
+        argv = ["vllm", "serve", ctx.model_id, flags["host"], "0.0.0.0", flags["port"], str(port), *engine,
+                flags["kvt"], KV_TRANSFER]
+        lines = header(ctx, f"{what}, port {port}; the prompt's KV goes from prefill to decode over NIXL "
+                            f"(needs `pip install nixl`).")
+        return script(lines + [cuda_devices(rep.cuda_visible_devices), *nixl_env(rep), "exec " + shell_command(argv)])
+
+    for rep, port in decode:
+        files[f"serve-decode-{rep.index}.sh"] = server(
+            rep, port, engine_args(ctx, owner, flags),
+            f"vLLM decode server {rep.index} of {len(decode)} (copy {rep.copy} of {ctx.copies}): run on "
+            f"{owner.gpu} node {rep.node} (GPUs {rep.cuda_visible_devices})")
+    for rep, port in prefill:
+        files[f"serve-prefill-{rep.index}.sh"] = server(
+            rep, port, prefill_args(ctx, flags, ctx.version),
+            f"vLLM prefill server {rep.index} of {len(prefill)} (the plan's prefill pool): run on {pool.gpu} "
+            f"node {rep.node} (GPUs {rep.cuda_visible_devices})")
+    argv = [ROUTER, "--host", "0.0.0.0", "--port", str(BASE_PORT), "--vllm-pd-disaggregation",
+            "--kv-connector", "nixl", "--policy", "round_robin"]
+    for rep, port in prefill:
+        argv += ["--prefill", worker_url(rep.node, port)]
+    for rep, port in decode:
+        argv += ["--decode", worker_url(rep.node, port)]
+    lines = header(ctx, f"P/D router in front of {len(prefill)} prefill and {len(decode)} decode servers (round "
+                        f"robin keeps {owner.resident_batch} requests on each decode server); needs "
+                        f"`pip install vllm-router`.")
+    lines.append("exec " + shell_command(argv))
+    files["router.sh"] = script(lines)
     files.update(benchmark_vllm(ctx, backend="vllm"))
     return files
 
@@ -126,4 +228,4 @@ def data_parallel_applies(ctx: Context, owner) -> bool:
 
 TARGET = Target(name="vllm", summary="vllm serve per replica, vllm-router", versions=tuple(FLAGS),
                 default_version="0.33.0", fits=fits, check=check, render=render,
-                search_limits=COLOCATED_LIMITS)
+                search_limits=COLOCATED_LIMITS, writes_prefill=True)
