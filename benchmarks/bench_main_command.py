@@ -1,18 +1,21 @@
-"""Where the main command's time goes, and how it compares with an older revision (issue 16).
+"""Every row of issue 30's goal table, this tree beside a baseline tree in the same run.
 
-    python benchmarks/bench_main_command.py [--rounds 3] [--old /tmp/opweave-old] [--regen]
+    python benchmarks/bench_main_command.py [--rounds 3] [--baseline /work/main] [--regen]
 
 Rows (whole process, `opweave-plan --model gemma-3-27b --slo 60ms --ctx 32k --quiet`, warm
-numba cache unless stated; median of --rounds, old and new interleaved when --old is given):
+numba cache unless stated; median of --rounds, baseline and this tree interleaved; wall and CPU
+seconds, CPU being what a shared machine changes least; the last columns are baseline/this):
 
 * every profiled GPU type (the README's first command), `--gpus h100`, `--gpus h100,a100`;
-* the same with `--jobs 2` (speed-up against `--jobs 1`);
-* a first run with an empty numba cache (compilation included);
-* with --regen: `regen --matrix examples/matrix.toml --jobs 2` into an empty folder, then the
-  unchanged rerun (several minutes on two cores).
+* `--gpus h100 --workload examples/traces/mooncake-conversation-sample.jsonl --scale-ctx 32k`;
+* the README command with `--jobs 2`;
+* first runs with an empty numba cache (`--gpus h100`, and the README command): compilation
+  included, one round;
+* with --regen (several minutes on two cores): `regen --matrix examples/matrix.toml --jobs 2`
+  into an empty folder (cold plans), twice, then the unchanged rerun.
 
-Then the per-phase split of one in-process search per GPU set (latency arrays, then each phase of
-`search.driver.run_search`: colocated, two-owner, single-type, mixed) with the search counters.
+Then the per-phase split of one search per GPU set in each tree (compile_request, then each
+phase of `search.driver.run_search`: colocated, two-owner, single-type, mixed), with counters.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def phases(gpus: str | None) -> None:
     ctx = compile_request(req)
     t_ctx = time.perf_counter() - t0
     out = run_search(ctx)
-    print(f"  {gpus or 'all profiled types'}: latency arrays and templates {t_ctx:.2f} s")
+    print(f"  {gpus or 'all profiled types'}: compile_request (latency arrays) {t_ctx:.2f} s")
     for name, n, sec in out.phases:
         print(f"    {name:<22}{n:>7} templates {sec:>8.2f} s")
     c = out.counters
@@ -79,41 +82,62 @@ def phases(gpus: str | None) -> None:
           f"{c.pruned_by_bound:,} pruned by bound, {c.pruned_by_frontier:,} by frontier")
 
 
+PHASES = "import sys, bench_main_command as b; [b.phases(g) for g in sys.argv[1:] or [None]]"
+
+
+def phases_in(tree: Path, gpus: str | None) -> str:
+    """`phases(gpus)` run in `tree`, on its own package (the function reads only api.make_request,
+    compile_request and run_search, which every tree since issue 16 has)."""
+    env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{NEW / 'benchmarks'}")
+    res = subprocess.run([sys.executable, "-c", PHASES, *([gpus] if gpus else [])], env=env, cwd=tree,
+                         capture_output=True, text=True)
+    return res.stdout if res.returncode == 0 else f"  failed: {res.stderr[-500:]}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--old", type=Path, help="root of an older checkout to run side by side")
-    ap.add_argument("--regen", action="store_true", help="also time regen of examples/matrix.toml")
+    ap.add_argument("--baseline", "--old", type=Path, dest="baseline",
+                    help="root of another checkout (e.g. /work/main) to run side by side")
+    ap.add_argument("--regen", action="store_true", help="also time regen of examples/matrix.toml (minutes)")
     args = ap.parse_args(argv)
-    trees = [args.old.resolve(), NEW] if args.old else [NEW]
-    for t in trees:  # warm each tree's numba cache
+    base = args.baseline.resolve() if args.baseline else None
+    trees = [base, NEW] if base else [NEW]
+    for t in trees:  # warm each tree's numba cache, both objectives (a fixed context, a workload)
         _seconds(t, (*BASE, "--gpus", "h100"))
-    head = "".join(f"{('old' if i == 0 and args.old else 'new') + ' wall / cpu':>16}" for i in range(len(trees)))
+        _seconds(t, WORKLOAD)
+    head = "".join(f"{('baseline' if i == 0 and base else 'this') + ' wall / cpu':>16}" for i in range(len(trees)))
     print(f"{'row (whole process, s, median of ' + str(args.rounds) + ')':<50}{head}"
-          f"{'  old/new wall, cpu' if args.old else ''}")
+          f"{'  base/this wall, cpu' if base else ''}")
     for label, extra in SETS:
         _row(label, lambda t, e=extra: _seconds(t, (*BASE, *e)), trees, args.rounds)
     _row("--gpus h100 --workload mooncake --scale-ctx 32k", lambda t: _seconds(t, WORKLOAD), trees, args.rounds)
     for label, extra in SETS[:1]:
         _row(label + ", --jobs 2", lambda t, e=extra: _seconds(t, (*BASE, *e, "--jobs", "2")), trees, args.rounds)
+    for label, extra in (SETS[1], SETS[0]):
+        def cold(t: Path, e=extra) -> tuple[float, float]:
+            with tempfile.TemporaryDirectory() as cache:
+                return _seconds(t, (*BASE, *e), cache)
 
-    def cold(t: Path) -> float:
-        with tempfile.TemporaryDirectory() as cache:
-            return _seconds(t, (*BASE, "--gpus", "h100"), cache)
-
-    _row("--gpus h100, empty numba cache (compile)", cold, trees, 1)
+        _row(f"{label}, empty numba cache (compile)", cold, trees, 1)
     if args.regen:
-        def regen_pair(t: Path) -> float:
-            with tempfile.TemporaryDirectory() as out:
-                first = _seconds(t, ("regen", "--matrix", "examples/matrix.toml", "--out", out, "--jobs", "2", "-q")
-                                 if t == NEW else ("regen", "--matrix", "examples/matrix.toml", "--out", out, "--jobs", "2"))
-                print(f"{'  regen, cold plans, --jobs 2':<50}{first[0]:>9.2f} /{first[1]:>6.2f}", flush=True)
-                return _seconds(t, ("regen", "--matrix", "examples/matrix.toml", "--out", out, "--jobs", "2"))
+        matrix = ("regen", "--matrix", "examples/matrix.toml", "--jobs", "2")
 
-        _row("regen rerun, nothing changed", regen_pair, [NEW], 1)
-    print("per-phase split (this tree, in process):")
-    for _label, extra in SETS:
-        phases(extra[1] if extra else None)
+        def regen_cold(t: Path) -> tuple[float, float]:
+            with tempfile.TemporaryDirectory() as out:
+                return _seconds(t, (*matrix, "--out", out))
+
+        def regen_rerun(t: Path) -> tuple[float, float]:
+            with tempfile.TemporaryDirectory() as out:
+                _seconds(t, (*matrix, "--out", out))
+                return _seconds(t, (*matrix, "--out", out))
+
+        _row("regen, shipped matrix, --jobs 2, cold plans (x2)", regen_cold, trees, 2)
+        _row("regen rerun, nothing changed", regen_rerun, trees, 1)
+    for t in trees:
+        print(f"per-phase split ({'baseline ' if t == base else 'this tree '}{t}, in process):")
+        for _label, extra in SETS:
+            print(phases_in(t, extra[1] if extra else None), end="", flush=True)
     return 0
 
 

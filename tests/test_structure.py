@@ -100,6 +100,52 @@ def test_every_expansion_covers_each_operator_once(name, data):
     assert len(boundary_payload(seq, plan)) == s
 
 
+def _expand_by_definition(seq, template):
+    """The expansion as the module docstring states it, operator by operator (the oracle of the
+    vectorised `expand`): stage number = repetition x K + the cuts at or before the operator's
+    (layer offset, slot); embed joins the first layer's stage, lm_head the one before it; owner
+    (g - 1) mod K; runs of one owner merged around the loop; stage 0 holds embed."""
+    b = detect_blocks(seq)
+    keys = subblock_keys(seq, b, template.lsub)
+    cut_keys = [keys[c] for c in template.cuts]
+    k, first = template.k, b.prefix_layers
+    numbers = []
+    for op in seq.ops:
+        if op.kind == "embed":
+            numbers.append(None)
+        elif op.kind == "lm_head":
+            numbers.append(numbers[-1])
+        else:
+            rep, offset = divmod(op.layer - first, template.lsub)
+            numbers.append(rep * k + sum(c <= (offset, op.slot) for c in cut_keys))
+    numbers[0] = numbers[1]
+    owners = [(g - 1) % k for g in numbers]
+    n = seq.n
+    starts = [i for i in range(n) if owners[i] != owners[i - 1]]
+    if not starts:
+        return (0,), ((*range(n),),)
+    ops = [tuple(range(a, e)) if e > a else tuple(range(a, n)) + tuple(range(e))
+           for a, e in zip(starts, starts[1:] + starts[:1], strict=True)]
+    own = [owners[a] for a in starts]
+    z = next(i for i, o in enumerate(ops) if 0 in o)
+    return tuple(own[z:] + own[:z]), tuple(ops[z:] + ops[:z])
+
+
+@pytest.mark.parametrize("name", ["gemma-3-27b", "deepseek-v3", "gpt-oss-120b", "qwen3-next-80b-a3b"])
+def test_expand_matches_its_definition(name):
+    """Every template of up to 3 owners (a sample of the larger sets), compared with the oracle."""
+    seq = seq_of(name)
+    b = detect_blocks(seq)
+    for lsub in b.subblocks:
+        n = b.ops_per_subblock[lsub]
+        tmpls = [t for k in range(1, min(3, n) + 1) for t in enumerate_templates(lsub, n, k)]
+        for t in tmpls[:: max(1, len(tmpls) // 400)]:
+            plan = expand(seq, t)
+            assert (plan.owner, plan.ops) == _expand_by_definition(seq, t), t
+            assert plan.start == tuple(ops[0] for ops in plan.ops)
+            assert all(e == (ops[-1] + 1) % seq.n for e, ops in zip(plan.end, plan.ops, strict=True))
+
+
 def test_gemma_block_template_handles_truncated_tail():
     seq = seq_of("gemma-3-27b")
     # cuts before layers 0 and 3 of each block: the 2 tail layers belong to the first

@@ -72,19 +72,24 @@ class Compiled:
         """The template's Problem under this request (`only_gpu`: every owner restricted to one
         GPU type index; `batches`: another batch grid, e.g. a plan's own)."""
         req, t = self.request, self.tables
-        slack = 0.0 if req.prefer_simpler is None else req.prefer_simpler
-        limits = Limits(slo=req.slo_ms * 1e3 if slo_us is None else slo_us, max_gpus=req.max_gpus,
-                        max_nodes=float("inf") if req.max_nodes is None else req.max_nodes,
-                        latency_objective=latency_objective, prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS))
+        slo = req.slo_ms * 1e3 if slo_us is None else slo_us
+        limits = self._cache.setdefault("limits", {})
+        lim = limits.get((slo, latency_objective))
+        fresh = lim is None  # typed and checked once per distinct limits, not per template
+        if fresh:
+            slack = 0.0 if req.prefer_simpler is None else req.prefer_simpler
+            lim = limits[slo, latency_objective] = typed_part(Limits(
+                slo=slo, max_gpus=req.max_gpus, max_nodes=float("inf") if req.max_nodes is None else req.max_nodes,
+                latency_objective=latency_objective, prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS)))
         grid = t.grid if batches is None else t.grid._replace(batches=np.array(batches, np.int64))
         p = Problem(stages=typed_part(stages(self.seq, self.stage_plan(template), t, only_gpu)),
-                    configs=t.per_config, fabric=t.fabric, grid=grid, limits=typed_part(limits), traffic=t.traffic)
+                    configs=t.per_config, fabric=t.fabric, grid=grid, limits=lim, traffic=t.traffic)
         # the shared parts are typed once and checked with the first template; per template, its own
         if not self._cache.get("checked"):
             check_problem(p)
             self._cache["checked"] = True
             return p
-        return check_problem(p, ("stages", "limits") if batches is None else ("stages", "limits", "grid"))
+        return check_problem(p, ("stages",) + (("limits",) if fresh else ()) + (() if batches is None else ("grid",)))
 
 
 def hardware_for(req: PlanRequest) -> Hardware:

@@ -165,9 +165,9 @@ def stages(seq: OperatorSequence, plan: StagePlan, tables: Tables, only_gpu: int
     """One template's stages over the request's configurations (`only_gpu`: every owner restricted
     to the configurations of one GPU type index)."""
     k = max(plan.owner) + 1
-    start = np.array([ops[0] for ops in plan.ops], np.int64)
-    end = np.array([(ops[-1] + 1) for ops in plan.ops], np.int64)
-    end[end == seq.n] = seq.n  # a stage ending at lm_head ends at N
+    start = np.array(plan.start, np.int64)
+    end = np.array(plan.end, np.int64)
+    end[end == 0] = seq.n  # a stage ending at lm_head ends at N
     if plan.n_stages == 1:
         start[:], end[:] = 0, seq.n
     owner = np.array(plan.owner, np.int64)
@@ -212,9 +212,6 @@ def owner_units(tables: Tables, owner, start, end, k: int) -> np.ndarray:
 def owner_ok(tables: Tables, owner: np.ndarray, start: np.ndarray, end: np.ndarray, k: int) -> np.ndarray:
     """cfg_ok[o, c]: expert-parallel variants only for owners holding routed experts."""
     moe = tables.moe_pref
-    owns_moe = np.zeros(k, bool)
-    for j in range(owner.size):
-        s, e = start[j], end[j]
-        cnt = moe[e] - moe[s] if e > s else moe[-1] - moe[s] + moe[e]
-        owns_moe[owner[j]] |= cnt > 0
-    return np.array([[owns_moe[o] or not ep for ep in tables.expert_parallel] for o in range(k)])
+    cnt = np.where(end > start, moe[end] - moe[start], moe[-1] - moe[start] + moe[end])
+    owns_moe = np.bincount(owner, weights=cnt > 0, minlength=k) > 0
+    return owns_moe[:, None] | ~tables.expert_parallel[None, :]

@@ -13,7 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from opweave_planner.jit import kernel
-from opweave_planner.search.evaluate import transfer_occupancy
+from opweave_planner.search.evaluate import memory_need, transfer_occupancy
+
+# the template floor sums in another order than the walk's bound: a relative margin far above
+# rounding keeps every template that could tie
+FLOOR_MARGIN = 1e-9
 
 
 @kernel(refcount=False)
@@ -94,3 +98,73 @@ def coupled_exceeds(pts, depth, mu, t_lb, r_fixed, r_min_rest, thr, slo_cap):
         for o in range(depth, k):
             while idx[o] < pn[o] and mu * pt[o, idx[o]] <= tau:
                 idx[o] += 1
+
+
+@kernel
+def template_floor(p, ot):
+    """A lower bound of every candidate's cost in a template, from its owner tables alone.
+
+    A candidate costs T x sum_o r_o with r_o = price tp / (mu b_o), and T >= mu S_o for every
+    owner (its compute stream, as in `lower_bound`), so it costs at least
+    max_o S_o x sum_o price tp / b_o, whatever mu. Over the owners' (configuration, microbatch)
+    choices this is at least min over tau of tau x sum_o f_o(tau), f_o(tau) the least
+    price tp / b of the owner's choices with S_o <= tau (a staircase, minimised on its
+    breakpoints as in `coupled_exceeds`). A choice counts if the owner may take the configuration,
+    b fits its memory at mu = 1 (the need grows with mu while the reserve per resident count does
+    not fall) and S_o meets the SLO; inf when an owner has none. No (B, mu), no points. The
+    latency objective (r = 1/k) and a workload get 0: a workload's cost is its mean TPOT, which
+    its lower tables (made for the percentile) do not bound (tests/test_template_floor.py found
+    candidates below the floor). docs/search.md: the proof."""
+    st, cf, grid, units, lim, tp = p.stages, p.configs, p.grid, p.traffic.units, p.limits, p.fabric.cfg_tp
+    if lim.latency_objective or p.traffic.knots.shape[0] > 0:
+        return 0.0
+    grows = True
+    for i in range(1, units.shape[0]):
+        if units[i] < units[i - 1]:
+            grows = False
+    top = 0
+    for bi in range(grid.batches.shape[0]):
+        top = max(top, grid.batches[bi])
+    slo = lim.slo * (1.0 + FLOOR_MARGIN)
+    k, n_c, n_m = st.k, cf.cfg_price.shape[0], grid.mb_grid.shape[0]
+    ts, rs, cnt = np.empty((k, n_c * n_m)), np.empty((k, n_c * n_m)), np.zeros(k, np.int64)
+    for o in range(k):
+        for c in range(n_c):
+            if not st.cfg_ok[o, c]:
+                continue
+            for m in range(n_m):
+                bh = grid.mb_grid[m]
+                if bh > top or bh >= units.shape[0]:
+                    continue
+                if grows and memory_need(units, ot.wown[o, c], ot.kvown[o, c], ot.kvcown[o, c], cf.cfg_ws[c],
+                                         1, bh) > cf.cfg_mem[c]:
+                    continue
+                tot = 0.0
+                for i in range(ot.count[o]):
+                    tot += ot.tab[o, c, m, i]
+                if tot <= slo:
+                    ts[o, cnt[o]], rs[o, cnt[o]] = tot, cf.cfg_price[c] * tp[c] / bh
+                    cnt[o] += 1
+        if cnt[o] == 0:
+            return np.inf
+        # the staircase: times ascending, each r the least of any choice no slower
+        order = np.argsort(ts[o, :cnt[o]])
+        t_o, r_o = ts[o, :cnt[o]][order], rs[o, :cnt[o]][order]
+        for a in range(1, cnt[o]):
+            r_o[a] = min(r_o[a], r_o[a - 1])
+        ts[o, :cnt[o]], rs[o, :cnt[o]] = t_o, r_o
+    idx = np.zeros(k, np.int64)
+    floor = np.inf
+    while True:
+        tau = np.inf  # the next breakpoint: the least time some owner has not reached
+        for o in range(k):
+            if idx[o] < cnt[o]:
+                tau = min(tau, ts[o, idx[o]])
+        if tau == np.inf:
+            return floor
+        total = 0.0
+        for o in range(k):
+            while idx[o] < cnt[o] and ts[o, idx[o]] <= tau:
+                idx[o] += 1
+            total = total + rs[o, idx[o] - 1] if idx[o] > 0 else np.inf
+        floor = min(floor, tau * total)

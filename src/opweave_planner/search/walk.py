@@ -17,7 +17,7 @@ import numpy as np
 
 from opweave_planner.compile.problem import PRUNE_EPS, Problem, objective_flags
 from opweave_planner.jit import entry, kernel
-from opweave_planner.search.bounds import coupled_exceeds, lower_bound
+from opweave_planner.search.bounds import FLOOR_MARGIN, coupled_exceeds, lower_bound, template_floor
 from opweave_planner.search.evaluate import (
     NODE_TOL,
     evaluate_into,
@@ -186,6 +186,9 @@ def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
     caps = Caps(slo=lim.slo * (1 + EPS), gpus=lim.max_gpus + NODE_TOL, nodes=lim.max_nodes,
                 cost_factor=lim.prune_factor, transfer_fixed_min=tx_min, use_bnb=use_bnb)
     batches, max_mu, k = p.grid.batches, p.grid.max_mu, p.stages.k
+    if use_bnb and template_floor(p, ot) > sc.best_f[3] * caps.cost_factor * (1.0 + FLOOR_MARGIN):
+        sc.counters[C_BOUND] += 1  # no candidate can beat the seed: one prune for the template
+        return sc.best_f, sc.best_i, sc.counters
     for bi in range(batches.shape[0]):
         B = batches[bi]
         for mu in range(1, max_mu + 1):
@@ -211,6 +214,12 @@ def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
             while walk(caps, fab, ot, pts, sc, B, mu, opt_link):
                 _leaf(caps, p, pts, sc, B, mu, fixed, workload)
     return sc.best_f, sc.best_i, sc.counters
+
+
+@entry
+def template_floor_of(p):
+    """`template_floor` of a Problem (tests: it never exceeds the template's optimum)."""
+    return template_floor(p, owner_tables(p))
 
 
 def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,

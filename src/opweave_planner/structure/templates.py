@@ -13,9 +13,11 @@ vanishes, and the last stage joins the first when they share an owner).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from itertools import combinations
 from math import comb
+
+import numpy as np
 
 from opweave_planner.structure.blocks import BlockStructure, detect_blocks
 from opweave_planner.structure.operators import OperatorSequence, OpKind
@@ -37,12 +39,21 @@ class StagePlan:
 
     template: Template
     owner: tuple[int, ...]  # owner of each stage
-    ops: tuple[tuple[int, ...], ...]  # operator indices of each stage, in execution order
+    start: tuple[int, ...]  # first operator of each stage
+    end: tuple[int, ...]  # one past its last operator, mod N (at or below `start`: it wraps past lm_head)
     cut_keys: tuple[tuple[int, int], ...]  # (layer offset, slot) of each cut
+    n_ops: int  # operators of the model
 
     @property
     def n_stages(self) -> int:
         return len(self.owner)
+
+    @cached_property
+    def ops(self) -> tuple[tuple[int, ...], ...]:
+        """Operator indices of each stage, in execution order (built on use: the search needs none)."""
+        n = self.n_ops
+        return tuple(tuple(range(a, b)) if b > a else tuple(range(a, n)) + tuple(range(b))
+                     for a, b in zip(self.start, self.end, strict=True))
 
 
 def count_templates(n_ops: int, k: int) -> int:
@@ -62,49 +73,51 @@ def subblock_keys(seq: OperatorSequence, blocks: BlockStructure, lsub: int) -> l
 
 
 @cache
-def expand(seq: OperatorSequence, template: Template) -> StagePlan:
+def _layout(seq: OperatorSequence, lsub: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:
+    """What expanding a template of sub-block length `lsub` needs that no cut changes, per operator:
+    its sub-block repetition, and which reference-sub-block keys (layer offset, slot) are <= its own
+    (embed and lm_head take the operator whose stage they join)."""
     blocks = detect_blocks(seq)
-    keys = subblock_keys(seq, blocks, template.lsub)
-    cut_keys = tuple(keys[c] for c in template.cuts)
-    k = template.k
-    first_layer = blocks.prefix_layers
-
-    def stage_number(layer: int, slot: int) -> int:
-        rep, offset = divmod(layer - first_layer, template.lsub)
-        key = (offset, slot)
-        passed = sum(1 for c in cut_keys if c <= key)
-        return rep * k + passed
-
-    numbers = []
-    n = seq.n
-    for op in seq.ops:
+    keys = subblock_keys(seq, blocks, lsub)
+    first, n = blocks.prefix_layers, seq.n
+    rep, le = np.zeros(n, np.int64), np.zeros((n, len(keys)), np.int64)
+    src = np.arange(n)
+    for i, op in enumerate(seq.ops):
         if op.kind == OpKind.EMBED:
-            numbers.append(None)
+            src[i] = -1
         elif op.kind == OpKind.LM_HEAD:
-            numbers.append(numbers[-1])
+            src[i] = src[i - 1]
         else:
-            numbers.append(stage_number(op.layer, op.slot))
-    numbers[0] = numbers[1]
-    owners = [(g - 1) % k for g in numbers]
-    # Runs of one owner are one stage; rotate so the run holding embed's predecessor ends the list.
-    starts = [i for i in range(n) if owners[i] != owners[i - 1]]
+            rep[i], offset = divmod(op.layer - first, lsub)
+            le[i] = [key <= (offset, op.slot) for key in keys]
+    src[0] = src[1]  # embed runs with the first layer's stage
+    if (src < 0).any():
+        raise ValueError("an embed operator after the first position")
+    return keys, rep[src], le[src]
+
+
+@cache
+def expand(seq: OperatorSequence, template: Template) -> StagePlan:
+    keys, rep, le = _layout(seq, template.lsub)
+    cut_keys = tuple(keys[c] for c in template.cuts)
+    k, n = template.k, seq.n
+    # stage number: the repetition's k stages, plus the cuts at or before the operator's key
+    numbers = rep * k + le[:, list(template.cuts)].sum(axis=1)
+    owners = (numbers - 1) % k
+    # runs of one owner are one stage, cyclically (the last run joins the first when they share an owner)
+    change = np.empty(n, bool)
+    change[0] = owners[0] != owners[-1]
+    np.not_equal(owners[1:], owners[:-1], out=change[1:])
+    starts = np.flatnonzero(change).tolist()
     if not starts:
-        return StagePlan(template, (0,), (tuple(range(n)),), cut_keys)
-    stage_ops = []
-    stage_owner = []
-    for s_idx, start in enumerate(starts):
-        end = starts[(s_idx + 1) % len(starts)]
-        idx = list(range(start, end)) if end > start else list(range(start, n)) + list(range(end))
-        stage_ops.append(tuple(idx))
-        stage_owner.append(owners[start])
-    # Stage 0 is the one containing operator 0 (embed).
-    zero = next(i for i, ops in enumerate(stage_ops) if 0 in ops)
-    stage_ops = stage_ops[zero:] + stage_ops[:zero]
-    stage_owner = stage_owner[zero:] + stage_owner[:zero]
-    return StagePlan(template, tuple(stage_owner), tuple(stage_ops), cut_keys)
+        return StagePlan(template, (0,), (0,), (0,), cut_keys, n)
+    ends = starts[1:] + starts[:1]
+    stage_owner = owners[starts].tolist()
+    if starts[0] != 0:  # stage 0 is the one containing operator 0 (embed): the run that wraps
+        starts, ends, stage_owner = starts[-1:] + starts[:-1], ends[-1:] + ends[:-1], stage_owner[-1:] + stage_owner[:-1]
+    return StagePlan(template, tuple(stage_owner), tuple(starts), tuple(ends), cut_keys, n)
 
 
 def boundary_payload(seq: OperatorSequence, plan: StagePlan) -> list[float]:
     """Bytes per request crossing the boundary after each stage (cyclic)."""
-    s = plan.n_stages
-    return [seq.payload[plan.ops[(j + 1) % s][0]] for j in range(s)]
+    return [seq.payload[a] for a in plan.start[1:] + plan.start[:1]]
