@@ -115,13 +115,9 @@ def template_floor(p, ot):
     latency objective (r = 1/k) and a workload get 0: a workload's cost is its mean TPOT, which
     its lower tables (made for the percentile) do not bound (tests/test_template_floor.py found
     candidates below the floor). docs/search.md: the proof."""
-    st, cf, grid, units, lim, tp = p.stages, p.configs, p.grid, p.traffic.units, p.limits, p.fabric.cfg_tp
+    st, cf, grid, lim, tp = p.stages, p.configs, p.grid, p.limits, p.fabric.cfg_tp
     if lim.latency_objective or p.traffic.knots.shape[0] > 0:
         return 0.0
-    grows = True
-    for i in range(1, units.shape[0]):
-        if units[i] < units[i - 1]:
-            grows = False
     top = 0
     for bi in range(grid.batches.shape[0]):
         top = max(top, grid.batches[bi])
@@ -132,6 +128,11 @@ def template_floor(p, ot):
         for c in range(n_c):
             if not st.cfg_ok[o, c]:
                 continue
+            units = st.kv_units[o, c]  # the owner's own reserve row, as the memory check reads it
+            grows = True
+            for i in range(1, units.shape[0]):
+                if units[i] < units[i - 1]:
+                    grows = False
             for m in range(n_m):
                 bh = grid.mb_grid[m]
                 if bh > top or bh >= units.shape[0]:
