@@ -176,7 +176,8 @@ def _simplest(outcome, slack: float):
 
 def sized(doc, req: PlanRequest, hw: Hardware):
     """`doc` with its deployment for the request's target load, if it names one; with --ttft the
-    whole disaggregated deployment (a prefill pool beside the decode copies)."""
+    whole deployment: the disaggregated one (a prefill pool beside the decode copies) and, unless
+    --deployment-mode disaggregated, the aggregated one beside it."""
     from opweave_planner.compile.space import node_size
     from opweave_planner.plan import plan_version
     from opweave_planner.sizing import size_deployment
@@ -185,7 +186,12 @@ def sized(doc, req: PlanRequest, hw: Hardware):
     if req.disaggregated:
         from opweave_planner.deployment import whole_deployment
 
-        return whole_deployment(doc, req, hw, per_node)
+        doc = whole_deployment(doc, req, hw, per_node)
+        if req.deployment_mode == "disaggregated":
+            return doc
+        from opweave_planner.aggregated import with_aggregated
+
+        return with_aggregated(doc, req, hw)  # both modes: the cheaper meeting both SLOs is deployment.mode
     if req.target_tokens_per_s is None and req.target_concurrency is None:
         return doc
     dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,

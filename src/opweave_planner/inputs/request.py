@@ -29,6 +29,7 @@ DEFAULT_RESERVE_GB = 3.5  # framework + CUDA context + allocator slack per GPU (
 
 
 ARRIVALS = ("poisson", "trace")
+DEPLOYMENT_MODES = ("auto", "aggregated", "disaggregated")
 
 
 class Policy(StrEnum):
@@ -149,6 +150,10 @@ class PlanRequest(BaseModel):
                              default="poisson")
     rate_scale: float | None = _setting("With --arrivals trace: replay the trace this many times faster "
                                         "(default 1)", cli="str")
+    deployment_mode: str = _setting("With --ttft: auto (search the aggregated and the disaggregated deployment, "
+                                    "the cheaper meeting both SLOs wins), aggregated (chunked prefill inside "
+                                    "the decode replicas) or disaggregated (a prefill pool beside the decode "
+                                    "copies)", default="auto")
     prices: str | None = _setting("TOML/JSON file: GPU id -> USD per GPU-hour")
     catalog: str | None = _setting("TOML/JSON file adding or overriding GPU types")
     profiles: str | None = _setting("Latency profile folder (default: shipped)")
@@ -260,6 +265,14 @@ class PlanRequest(BaseModel):
         text = str(v).strip().lower()
         if text not in ARRIVALS:
             raise UserError(f"--arrivals: '{v}' unknown; expected {' or '.join(ARRIVALS)}")
+        return text
+
+    @field_validator("deployment_mode", mode="before")
+    @classmethod
+    def _deployment_mode(cls, v: Any) -> str:
+        text = str(v).strip().lower()
+        if text not in DEPLOYMENT_MODES:
+            raise UserError(f"--deployment-mode: '{v}' unknown; expected {', '.join(DEPLOYMENT_MODES)}")
         return text
 
     @field_validator("policy", mode="before")
@@ -396,6 +409,8 @@ class PlanRequest(BaseModel):
                     raise UserError(f"{flag_of(name)}: only applies with --ttft (a whole deployment)")
             if self.arrivals != "poisson":
                 raise UserError("--arrivals: only applies with --ttft (a whole deployment)")
+            if self.deployment_mode != "auto":
+                raise UserError("--deployment-mode: only applies with --ttft (a whole deployment)")
             return self
         if self.arrivals == "trace":
             if self.workload is None:
