@@ -129,7 +129,7 @@ def _replayed(cand: Candidate, times: np.ndarray, prompts: np.ndarray, outputs: 
               replicas: int) -> _Replayed:
     until = float(times[-1])
     got = [replay_replica(cand.tables, times[r::replicas], prompts[r::replicas], outputs[r::replicas], cand.batch,
-                          cand.chunk, until) for r in range(replicas)]
+                          cand.chunk, until) for r in range(min(replicas, times.size))]  # the rest idle
     return _Replayed(replicas, *(np.concatenate([getattr(g, k) for g in got])
                                  for k in ("ttft_s", "step_s", "step_decodes", "step_mixed")))
 
