@@ -193,9 +193,9 @@ def _brute(cands, times, prompts, outputs, rate, slo, ttft, max_gpus):
         for r in range(1, max_gpus // c.tp + 1):
             if r < agg.stable_replicas(c, rate, float(outputs.mean())):
                 continue
-            if agg._replayed(c, times, prompts, outputs, r).meets(slo, ttft, 95.0, 90.0):
-                if best is None or c.key(r) < best:
-                    best = c.key(r)
+            if agg._replayed(c, times, prompts, outputs, r).meets(slo, ttft, 95.0, 90.0) and (
+                    best is None or c.key(r) < best):
+                best = c.key(r)
     return best
 
 
@@ -243,7 +243,7 @@ def test_both_modes_are_searched_and_the_cheaper_is_chosen(auto_plan):
     from opweave_planner import report
     from opweave_planner.contract import recorded_request
 
-    req, doc = auto_plan
+    _req, doc = auto_plan
     dep = doc.deployment
     a = dep.aggregated
     assert doc.schema_version == "1.11" and dep.deployment_mode == "auto" and a is not None
@@ -277,7 +277,7 @@ def test_one_replica_fewer_breaks_what_binding_names(auto_plan):
         from opweave_planner.deployment import _arrivals, _mean_output
 
         mean_out = _mean_output(doc, req)
-        arr, rate = _arrivals(req, mean_out, doc.workload.window)
+        arr, _rate = _arrivals(req, mean_out, doc.workload.window)
         cand = next(c for c in agg.candidates(req, build_sequence(load_model(req.model)), api.gpu_catalog(),
                                               doc.workload.context_tokens, int(arr.prompts.max()))
                     if (c.gpu, c.tp, c.batch, c.chunk) == (a.gpu, a.tensor_parallel, a.batch, a.chunk_tokens))

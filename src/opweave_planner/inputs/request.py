@@ -259,20 +259,13 @@ class PlanRequest(BaseModel):
             raise UserError(f"{flag_of(info.field_name)}: expected a positive {what}, got {v!r}")
         return x
 
-    @field_validator("arrivals", mode="before")
+    @field_validator("arrivals", "deployment_mode", mode="before")
     @classmethod
-    def _arrivals(cls, v: Any) -> str:
+    def _choice(cls, v: Any, info) -> str:
+        choices = ARRIVALS if info.field_name == "arrivals" else DEPLOYMENT_MODES
         text = str(v).strip().lower()
-        if text not in ARRIVALS:
-            raise UserError(f"--arrivals: '{v}' unknown; expected {' or '.join(ARRIVALS)}")
-        return text
-
-    @field_validator("deployment_mode", mode="before")
-    @classmethod
-    def _deployment_mode(cls, v: Any) -> str:
-        text = str(v).strip().lower()
-        if text not in DEPLOYMENT_MODES:
-            raise UserError(f"--deployment-mode: '{v}' unknown; expected {', '.join(DEPLOYMENT_MODES)}")
+        if text not in choices:
+            raise UserError(f"{flag_of(info.field_name)}: '{v}' unknown; expected {', '.join(choices)}")
         return text
 
     @field_validator("policy", mode="before")

@@ -344,6 +344,15 @@ class ArrivalsOut(_Frozen):
                                    "this)", gt=0)
 
 
+def _gpus_are_groups_times_tp(pool, where: str, groups: str):
+    """A pool's GPUs are its groups (instances, replicas) x TP; else the key named."""
+    n = getattr(pool, groups)
+    if pool.gpus != n * pool.tensor_parallel:
+        raise ValueError(f"deployment.{where}.gpus {pool.gpus} is not {groups} x tensor_parallel "
+                         f"({n} x {pool.tensor_parallel})")
+    return pool
+
+
 class PrefillPoolOut(_Frozen):
     """The prefill pool of a disaggregated deployment (schema 1.10): N instances of one (GPU type,
     TP) group, the cheapest of the enumeration whose replayed TTFT meets the SLO at its percentile."""
@@ -372,10 +381,7 @@ class PrefillPoolOut(_Frozen):
 
     @model_validator(mode="after")
     def _gpus_are_instances_times_tp(self) -> PrefillPoolOut:
-        if self.gpus != self.instances * self.tensor_parallel:
-            raise ValueError(f"deployment.prefill.gpus {self.gpus} is not instances x tensor_parallel "
-                             f"({self.instances} x {self.tensor_parallel})")
-        return self
+        return _gpus_are_groups_times_tp(self, "prefill", "instances")
 
 
 class AggregatedOut(_Frozen):
@@ -409,10 +415,7 @@ class AggregatedOut(_Frozen):
 
     @model_validator(mode="after")
     def _gpus_are_replicas_times_tp(self) -> AggregatedOut:
-        if self.gpus != self.replicas * self.tensor_parallel:
-            raise ValueError(f"deployment.aggregated.gpus {self.gpus} is not replicas x tensor_parallel "
-                             f"({self.replicas} x {self.tensor_parallel})")
-        return self
+        return _gpus_are_groups_times_tp(self, "aggregated", "replicas")
 
 
 class Deployment(_Frozen):
