@@ -139,8 +139,8 @@ class PlanRequest(BaseModel):
         "Size a deployment for this many concurrent requests (whole copies of the plan, rounded up)",
         ge=1, le=10_000_000)
     ttft: float | None = _setting(
-        "TTFT SLO with a unit (1s, 800ms): plan the whole disaggregated deployment, a prefill pool sized "
-        "for it beside the decode pool (needs --request-rate, --arrivals trace or --target-tokens-per-s; "
+        "TTFT SLO with a unit (1s, 800ms): plan the whole deployment, a prefill pool sized for it beside "
+        "the decode pool and the aggregated replicas (--deployment-mode) (needs --request-rate, --arrivals trace or --target-tokens-per-s; "
         "stored in milliseconds)", cli="str")
     ttft_percentile: float | None = _setting("Percentile of TTFT that must meet --ttft (default 95)", cli="str")
     request_rate: float | None = _setting("Poisson arrivals at this many requests per second (with --ttft)",
@@ -501,8 +501,8 @@ WORKLOAD_ONLY = ("scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv
                  "preemptions_per_request", "scenarios", "seed")
 # settings of a fixed context: refused with --workload
 CTX_ONLY = ("prompt_len", "output_len")
-# settings of the whole (disaggregated) deployment, beside the decode search
-DEPLOYMENT_ONLY = ("ttft", "ttft_percentile", "request_rate", "arrivals", "rate_scale")
+# settings of the whole deployment, beside the decode search
+DEPLOYMENT_ONLY = ("ttft", "ttft_percentile", "request_rate", "arrivals", "rate_scale", "deployment_mode")
 
 
 def with_model_window(req: PlanRequest, max_context: int | None) -> PlanRequest:
