@@ -48,8 +48,8 @@ def per_chunk(req, doc, tpot_at: float | None) -> None:
     out = np.full(arr.prompts.shape, round(mean_out), dtype=np.int64)
     cands = agg.candidates(req, build_sequence(load_model(req.model)), api.gpu_catalog(),
                            doc.workload.context_tokens, int(arr.prompts.max()))
-    print("| chunk | TP | B | replicas | GPUs | pure step at B (ms) | p95 TPOT (ms) | mean TPOT (ms) | "
-          "p95 TTFT (ms) | mixed steps | USD/h |")
+    print(f"| chunk | TP | B | replicas | GPUs | pure step at B (ms) | p{tpot_at:g} TPOT (ms) | mean TPOT (ms) | "
+          f"p{req.ttft_at:g} TTFT (ms) | mixed steps | USD/h |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for chunk in sorted({c.chunk for c in cands}):
         for tp in sorted({c.tp for c in cands}):
