@@ -19,7 +19,7 @@ def main() -> None:
           "USD/M output all-in | USD/M input | binds |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for ttft in SLOS:
-        d = api.plan(api.make_request(**BASE, ttft=ttft)).plan.deployment
+        d = api.plan(api.make_request(**BASE, ttft=ttft, deployment_mode="disaggregated")).plan.deployment
         p = d.prefill
         print(f"| {ttft} | {p.instances}x TP{p.tensor_parallel} = {p.gpus} | {p.ttft_ms:.1f} | {p.utilisation:.2f} | "
               f"{d.gpus_total} | {d.gpus_total + p.gpus} | {d.usd_per_hour_all_in:.2f} | "

@@ -25,6 +25,7 @@ RANK = {
     "plan": 5, "theory": 5, "afd": 5, "report": 5,
     "contract": 6, "sizing": 6,  # sizing: arithmetic over the plan package's Deployment
     "deployment": 6,  # the prefill pool beside the sized decode plan
+    "aggregated": 6,  # chunked prefill inside colocated replicas, beside the disaggregated deployment
     "api": 7,
     "executor": 8, "compare": 8, "regen": 8, "regen_matrix": 8, "regen_files": 8, "export": 8,
     "cli": 9,

@@ -170,10 +170,10 @@ def test_a_disaggregated_plan_records_both_pools():
     from opweave_planner.sizing import deployment_lines
 
     req = api.make_request(**BASE, policy="colocated", batches="8,16", max_owners=1, prompt_len="7k",
-                           output_len="1k", ttft="800ms", request_rate=6)
+                           output_len="1k", ttft="800ms", request_rate=6, deployment_mode="disaggregated")
     doc = api.plan(req).plan
     dep, pool = doc.deployment, doc.deployment.prefill
-    assert doc.schema_version == "1.10" and dep.mode == "disaggregated"
+    assert doc.schema_version == "1.10" and dep.mode == "disaggregated" and dep.aggregated is None
     assert dep.arrivals.rate == 6 and dep.target_tokens_per_s == 6 * 1024
     assert pool.ttft_ms <= 800 and pool.gpus == pool.instances * pool.tensor_parallel
     total = dep.usd_per_hour + pool.usd_per_hour

@@ -207,18 +207,37 @@ def _options(req: PlanRequest, seq, hw, prompts: np.ndarray) -> list[PoolOption]
     return out
 
 
+def replayed_arrivals(plan: Plan, req: PlanRequest, compiled) -> tuple[Arrivals, float, float]:
+    """The arrivals both modes are replayed with, their rate and the mean output per request: one
+    rule for the disaggregated pool and the aggregated replicas."""
+    mean_out = _mean_output(plan, req)
+    arr, rate = _arrivals(req, mean_out, plan.workload.window, compiled.workload)
+    return arr, rate, mean_out
+
+
 def sized(doc: Plan, req: PlanRequest, hw, compiled=None) -> Plan:
     """`doc` with its deployment for the request's target load, if it names one; with --ttft the
     whole disaggregated deployment (a prefill pool beside the decode copies), sized with
     `compiled`'s operator sequence and shaped workload (None: compiled for it). The one place a
-    deployment mode is chosen: `api.plan` and `simulate` both come here."""
+    deployment mode is chosen: `api.plan` and `simulate` both come here; unless
+    --deployment-mode disaggregated, the aggregated deployment is searched beside the
+    disaggregated one and the cheaper meeting both SLOs is `deployment.mode`."""
     from opweave_planner.compile.space import node_size
     from opweave_planner.plan import plan_version
     from opweave_planner.sizing import size_deployment
 
     per_node = {g.id: node_size(g, req) for g in hw.gpus}
     if req.disaggregated:
-        return whole_deployment(doc, req, hw, per_node, compiled)
+        if compiled is None:
+            from opweave_planner.compile import compile_request
+
+            compiled = compile_request(req, hw)
+        doc = whole_deployment(doc, req, hw, per_node, compiled)
+        if req.deployment_mode == "disaggregated":
+            return doc
+        from opweave_planner.aggregated import with_aggregated
+
+        return with_aggregated(doc, req, hw, compiled)  # both modes: the cheaper meeting both SLOs is deployment.mode
     if req.target_tokens_per_s is None and req.target_concurrency is None:
         return doc
     dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
@@ -242,8 +261,7 @@ def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, 
         from opweave_planner.compile import compile_request
 
         compiled = compile_request(req, hw)
-    mean_out = _mean_output(plan, req)
-    arr, rate = _arrivals(req, mean_out, plan.workload.window, compiled.workload)
+    arr, rate, mean_out = replayed_arrivals(plan, req, compiled)
     tokens = rate * mean_out
     dep = size_deployment(plan, target_tokens_per_s=tokens, target_concurrency=req.target_concurrency,
                           gpus_per_node=gpus_per_node)

@@ -186,7 +186,36 @@ def kv_event_words(plan: Any) -> str | None:
 def _cost_scope(plan: Any) -> str:
     """What the plan's cost covers: the decode pool of a disaggregated deployment, else decode only."""
     dep = _get(plan, "deployment")
-    return "decode pool" if dep is not None and _get(dep, "mode") == "disaggregated" else "decode only"
+    return "decode pool" if dep is not None and _get(dep, "mode") is not None else "decode only"
+
+
+_BINDS = {"throughput": "the decode load (throughput)", "tpot": "the TPOT SLO", "ttft": "the TTFT SLO"}
+
+
+def deployment_mode_line(plan: Any) -> str | None:
+    """The whole deployment's mode, both modes' costs and which SLO binds each (None: decode only)."""
+    dep = _get(plan, "deployment")
+    mode = _get(dep, "mode") if dep is not None else None
+    if mode is None:
+        return None
+    disagg_gpus = _get(dep, "gpus_total") + _get(_get(dep, "prefill"), "gpus")
+    disagg = (f"disaggregated {disagg_gpus} GPUs, {_get(dep, 'usd_per_hour_all_in'):,.2f} USD/h (the "
+              f"{_get(dep, 'binding_pool')} pool binds the cost; decode held to the TPOT SLO, prefill to the "
+              f"TTFT SLO)")
+    agg = _get(dep, "aggregated")
+    setting = _get(dep, "deployment_mode")
+    if agg is None:
+        other = ("aggregated not searched (--deployment-mode disaggregated)" if setting is None else
+                 "no aggregated deployment meets both SLOs")
+        return f"deployment mode: disaggregated; {disagg}; {other}"
+    a = (f"aggregated {_get(agg, 'replicas')}x {_get(agg, 'gpu')} TP{_get(agg, 'tensor_parallel')} = "
+         f"{_get(agg, 'gpus')} GPUs, {_get(agg, 'usd_per_hour'):,.2f} USD/h (B={_get(agg, 'batch')}, chunk "
+         f"{_get(agg, 'chunk_tokens'):,} tokens, {_get(agg, 'mixed_step_share'):.0%} of decode steps mixed; "
+         f"p{_get(agg, 'tpot_percentile'):g} TPOT {_get(agg, 'tpot_ms'):.2f} ms, TTFT {_get(agg, 'ttft_ms'):,.1f} ms; "
+         f"one replica fewer breaks {_BINDS[_get(agg, 'binding')]})")
+    first, second = (a, disagg) if mode == "aggregated" else (disagg, a)
+    why = "auto: the cheaper" if setting == "auto" else "--deployment-mode aggregated"
+    return f"deployment mode: {mode} ({why}): {first}; other mode: {second}"
 
 
 def plan_headline(plan: Any) -> str:
@@ -306,6 +335,9 @@ def summary_lines(plan: Any, *, alternatives: Sequence[tuple[str, float | None, 
     why = binding_line(plan)
     if why:
         lines.append(why)
+    mode = deployment_mode_line(plan)
+    if mode:
+        lines.append(mode)
     warn = data_quality_warning((_get(o, "gpu") for o in _get(plan, "owners") or []),
                                 unmeasured_gpus, estimated_price_gpus)
     if warn:

@@ -156,7 +156,7 @@ def deployment_lines(dep: Deployment) -> list[str]:
                f"{dep.target_concurrency:,} concurrent request{'s' if dep.target_concurrency != 1 else ''}"
                if dep.target_concurrency is not None else ""]
     want = " and ".join(t for t in targets if t)
-    pool = "decode pool" if dep.mode == "disaggregated" else "decode only"
+    pool = "decode pool" if dep.mode is not None else "decode only"
     lines = [f"deployment ({pool}) for {want}: {dep.copies} cop{'y' if dep.copies == 1 else 'ies'} of the plan "
              f"(each {_count(dep.tokens_per_s_per_copy)} tokens/s, {dep.concurrency_per_copy:,} requests), "
              f"capacity {_count(dep.tokens_per_s)} tokens/s, {dep.concurrency:,} requests"]
@@ -169,7 +169,7 @@ def deployment_lines(dep: Deployment) -> list[str]:
     lines.append(f"  {dep.gpus_total} GPUs ({by_type}) on {dep.nodes_total} node{'s' if dep.nodes_total != 1 else ''} "
                  f"({nodes}; {dep.node_rule})")
     lines.append(f"  cost: {dep.usd_per_hour:,.2f} USD per hour ({pool})")
-    if dep.mode == "disaggregated":
+    if dep.mode is not None:
         lines += prefill_lines(dep)
     return lines
 

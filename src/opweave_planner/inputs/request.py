@@ -29,6 +29,7 @@ DEFAULT_RESERVE_GB = 3.5  # framework + CUDA context + allocator slack per GPU (
 
 
 ARRIVALS = ("poisson", "trace")
+DEPLOYMENT_MODES = ("auto", "aggregated", "disaggregated")
 
 
 class Policy(StrEnum):
@@ -138,8 +139,8 @@ class PlanRequest(BaseModel):
         "Size a deployment for this many concurrent requests (whole copies of the plan, rounded up)",
         ge=1, le=10_000_000)
     ttft: float | None = _setting(
-        "TTFT SLO with a unit (1s, 800ms): plan the whole disaggregated deployment, a prefill pool sized "
-        "for it beside the decode pool (needs --request-rate, --arrivals trace or --target-tokens-per-s; "
+        "TTFT SLO with a unit (1s, 800ms): plan the whole deployment, a prefill pool sized for it beside "
+        "the decode pool and the aggregated replicas (--deployment-mode) (needs --request-rate, --arrivals trace or --target-tokens-per-s; "
         "stored in milliseconds)", cli="str")
     ttft_percentile: float | None = _setting("Percentile of TTFT that must meet --ttft (default 95)", cli="str")
     request_rate: float | None = _setting("Poisson arrivals at this many requests per second (with --ttft)",
@@ -149,6 +150,10 @@ class PlanRequest(BaseModel):
                              default="poisson")
     rate_scale: float | None = _setting("With --arrivals trace: replay the trace this many times faster "
                                         "(default 1)", cli="str")
+    deployment_mode: str = _setting("With --ttft: auto (search the aggregated and the disaggregated deployment, "
+                                    "the cheaper meeting both SLOs wins), aggregated (chunked prefill inside "
+                                    "the decode replicas) or disaggregated (a prefill pool beside the decode "
+                                    "copies)", default="auto")
     prices: str | None = _setting("TOML/JSON file: GPU id -> USD per GPU-hour")
     catalog: str | None = _setting("TOML/JSON file adding or overriding GPU types")
     profiles: str | None = _setting("Latency profile folder (default: shipped)")
@@ -254,12 +259,13 @@ class PlanRequest(BaseModel):
             raise UserError(f"{flag_of(info.field_name)}: expected a positive {what}, got {v!r}")
         return x
 
-    @field_validator("arrivals", mode="before")
+    @field_validator("arrivals", "deployment_mode", mode="before")
     @classmethod
-    def _arrivals(cls, v: Any) -> str:
+    def _choice(cls, v: Any, info) -> str:
+        choices = ARRIVALS if info.field_name == "arrivals" else DEPLOYMENT_MODES
         text = str(v).strip().lower()
-        if text not in ARRIVALS:
-            raise UserError(f"--arrivals: '{v}' unknown; expected {' or '.join(ARRIVALS)}")
+        if text not in choices:
+            raise UserError(f"{flag_of(info.field_name)}: '{v}' unknown; expected {', '.join(choices)}")
         return text
 
     @field_validator("policy", mode="before")
@@ -396,6 +402,8 @@ class PlanRequest(BaseModel):
                     raise UserError(f"{flag_of(name)}: only applies with --ttft (a whole deployment)")
             if self.arrivals != "poisson":
                 raise UserError("--arrivals: only applies with --ttft (a whole deployment)")
+            if self.deployment_mode != "auto":
+                raise UserError("--deployment-mode: only applies with --ttft (a whole deployment)")
             return self
         if self.arrivals == "trace":
             if self.workload is None:
@@ -520,8 +528,8 @@ WORKLOAD_ONLY = ("scale_ctx", "max_model_len", "overflow", "slo_percentile", "kv
                  "preemptions_per_request", "scenarios", "seed")
 # settings of a fixed context: refused with --workload
 CTX_ONLY = ("prompt_len", "output_len")
-# settings of the whole (disaggregated) deployment, beside the decode search
-DEPLOYMENT_ONLY = ("ttft", "ttft_percentile", "request_rate", "arrivals", "rate_scale")
+# settings of the whole deployment, beside the decode search
+DEPLOYMENT_ONLY = ("ttft", "ttft_percentile", "request_rate", "arrivals", "rate_scale", "deployment_mode")
 
 
 def with_model_window(req: PlanRequest, max_context: int | None) -> PlanRequest:

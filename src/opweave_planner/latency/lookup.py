@@ -301,6 +301,13 @@ _COSTS = {
 }
 
 
+def decode_core(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b) -> list:
+    """(latency µs, source) pairs of an operator's own kernels over microbatch sizes `b` at a
+    resident `context` (for attention: the decode kernel over the KV cache), without its
+    elementwise passes and all-reduce (`token_latency` adds those at a token count)."""
+    return _COSTS[op.traits.kernel](kern, op, seq, par, context, np.atleast_1d(np.asarray(b, dtype=np.float64)))
+
+
 def _op_latency(kern: _Kernels, op: Operator, seq: OperatorSequence, par: Parallel, context: int, b,
                 core=None):
     """(latency µs, source) arrays over microbatch sizes `b` for one operator on one GPU.

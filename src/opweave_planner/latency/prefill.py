@@ -30,7 +30,8 @@ from opweave_planner.latency.lookup import (
 )
 from opweave_planner.structure.operators import Kernel, OperatorSequence, OpKind
 
-__all__ = ["PrefillEstimate", "chunk_schedule", "default_chunk_tokens", "prefill"]
+__all__ = ["PrefillEstimate", "attention_pass", "chunk_attention_us", "chunk_schedule", "default_chunk_tokens",
+           "prefill"]
 
 #: vLLM's `max_num_batched_tokens` for the OpenAI server (EngineArgs, V1 engine): 8192 on GPUs
 #: with at least 70 GiB that are not A100s, else 2048
@@ -87,30 +88,45 @@ class PrefillEstimate:
         return self.prefill_ms + self.handoff_ms
 
 
-def _attention_core(kern, op, par: Parallel, segments: list[tuple[int, int, bool]], one_pass: bool):
-    """(latency µs, source) of an attention operator's core kernels over a step's segments."""
+def chunk_attention_us(t_new: float, t_whole: float, t_prefix: float, prefix: int, recurrent: bool) -> float:
+    """Attention of a chunk of new tokens after `prefix` cached ones, from prefix-free passes over
+    the chunk (`t_new`), chunk + prefix (`t_whole`) and the prefix (`t_prefix`): causal work is
+    additive over the triangle, so the difference, never below a pass over the chunk alone. A
+    recurrent state (linear attention) makes a chunk a pass over itself. Plain Python here (this
+    module imports no numba); `latency.mixed` registers it for its kernels (`jit.shared`)."""
+    if prefix == 0 or recurrent:
+        return t_new
+    return max(t_whole - t_prefix, t_new)
+
+
+def attention_pass(kern, op, par: Parallel):
+    """`call(batch, seq_lens) -> (latency µs, source)`: an attention operator's prefix-free prefill
+    pass over `seq_lens` new tokens per request (its measured context-phase kernel), and whether
+    its state is recurrent."""
     a = op.attention
     if a.kind == "linear":
         shard = min(par.tp, a.lin_v_heads)
         nk, nv = max(1, a.lin_k_heads // shard), max(1, a.lin_v_heads // shard)
-        call = lambda b, s: kern.linear_attention(b, nk, a.lin_k_dim, nv, a.lin_v_dim, s)
-    elif a.kind == "mla":
+        return (lambda b, s: kern.linear_attention(b, nk, a.lin_k_dim, nv, a.lin_v_dim, s)), True
+    if a.kind == "mla":
         nh = max(1, a.n_heads // par.tp)
-        call = lambda b, s: kern.mla_context(b, nh, s)
-    else:
-        nh, nkv, hd = sharded_attention(op, par.tp)
-        window = a.window or 0
-        call = lambda b, s: kern.context_attention(b, nh, nkv, hd, s, window)
+        return (lambda b, s: kern.mla_context(b, nh, s)), False
+    nh, nkv, hd = sharded_attention(op, par.tp)
+    window = a.window or 0
+    return (lambda b, s: kern.context_attention(b, nh, nkv, hd, s, window)), False
+
+
+def _attention_core(kern, op, par: Parallel, segments: list[tuple[int, int, bool]], one_pass: bool):
+    """(latency µs, source) of an attention operator's core kernels over a step's segments."""
+    call, recurrent = attention_pass(kern, op, par)
     if one_pass:  # every prompt whole and equal: one batched call
         lat, src = call(float(len(segments)), np.array([segments[0][0]], dtype=np.float64))
         return [(lat, src)]
     total, worst = np.zeros(1), np.zeros(1, np.int8)
     for new, prefix, _ in segments:
         lat, src = call(1.0, np.array([new, prefix + new, max(prefix, 1)], dtype=np.float64))
-        if prefix == 0 or a.kind == "linear":  # a recurrent state: a chunk is a pass over itself
-            t, used = lat[0], src[:1]
-        else:
-            t, used = max(lat[1] - lat[2], lat[0]), src
+        t = chunk_attention_us(float(lat[0]), float(lat[1]), float(lat[2]), prefix, recurrent)
+        used = src[:1] if prefix == 0 or recurrent else src
         total += t
         worst = np.maximum(worst, used.max())
     return [(total, worst)]

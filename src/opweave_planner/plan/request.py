@@ -95,6 +95,7 @@ TABLE = (
     Recorded("arrivals", "deployment.arrivals.process", 10, "arrivals"),
     Recorded("rate_scale", "deployment.arrivals.rate_scale", 10, "rate-scale"),
     Recorded("target_tokens_per_s", "deployment.arrivals.target_tokens_per_s", 10, "target-tokens-per-s"),
+    Recorded("deployment_mode", "deployment.deployment_mode", 11, "deployment-mode"),
     Recorded("backend", "provenance.backend"),
     Recorded("network_bandwidth", "provenance.network.inter_node_gbps"),
     Recorded("network_latency", "provenance.network.inter_node_latency_us"),
@@ -129,6 +130,8 @@ def recorded_values(doc) -> dict[str, Any]:
     values["model"] = getattr(doc, "model_source", None) or values["model"]  # the file it was made from
     if value_at(doc, _DIST.rstrip(".")) is not None:
         values["ctx"] = None  # a workload's longest request: derived, not a setting
+    if values["deployment_mode"] is None and value_at(doc, "deployment.mode") is not None:
+        values["deployment_mode"] = "disaggregated"  # a whole deployment without the key: that mode only (1.10)
     if value_at(doc, SPACE + "memory_reserve_gb_by_gpu") is not None:
         values["memory_reserve_gb"] = None  # the catalog's own reserve, per GPU type
     return values

@@ -26,7 +26,7 @@ __all__ = [
     "PrefillPoolOut",
 ]
 
-SCHEMA_VERSION = "1.10"
+SCHEMA_VERSION = "1.11"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -344,6 +344,15 @@ class ArrivalsOut(_Frozen):
                                    "this)", gt=0)
 
 
+def _gpus_are_groups_times_tp(pool, where: str, groups: str):
+    """A pool's GPUs are its groups (instances, replicas) x TP; else the key named."""
+    n = getattr(pool, groups)
+    if pool.gpus != n * pool.tensor_parallel:
+        raise ValueError(f"deployment.{where}.gpus {pool.gpus} is not {groups} x tensor_parallel "
+                         f"({n} x {pool.tensor_parallel})")
+    return pool
+
+
 class PrefillPoolOut(_Frozen):
     """The prefill pool of a disaggregated deployment (schema 1.10): N instances of one (GPU type,
     TP) group, the cheapest of the enumeration whose replayed TTFT meets the SLO at its percentile."""
@@ -372,10 +381,41 @@ class PrefillPoolOut(_Frozen):
 
     @model_validator(mode="after")
     def _gpus_are_instances_times_tp(self) -> PrefillPoolOut:
-        if self.gpus != self.instances * self.tensor_parallel:
-            raise ValueError(f"deployment.prefill.gpus {self.gpus} is not instances x tensor_parallel "
-                             f"({self.instances} x {self.tensor_parallel})")
-        return self
+        return _gpus_are_groups_times_tp(self, "prefill", "instances")
+
+
+class AggregatedOut(_Frozen):
+    """The aggregated deployment (schema 1.11): R colocated replicas of one (GPU type, TP) serving
+    prefill and decode together with chunked prefill, the cheapest (GPU, TP, batch, chunk, R) of
+    the enumeration whose step-level replay meets both SLOs."""
+
+    gpu: Name = _f("GPU type id")
+    tensor_parallel: StrictInt = _f("GPUs per replica", ge=1)
+    batch: StrictInt = _f("Resident requests per replica (vLLM max_num_seqs)", ge=1)
+    chunk_tokens: StrictInt = _f("Token budget of a step, decodes first, then prefill chunks (vLLM "
+                                 "max_num_batched_tokens); what an export sets", ge=1)
+    replicas: StrictInt = _f("Replicas: the least count meeting both SLOs for this shape (arrivals dealt "
+                             "round-robin)", ge=1)
+    gpus: StrictInt = _f("GPUs: replicas x tensor_parallel", ge=1)
+    usd_per_hour: float = _f("Price of the replicas, USD per hour (the whole aggregated deployment)", ge=0)
+    usd_per_million_output_tokens: float = _f("usd_per_hour per million output tokens at the arrival rate",
+                                              ge=0)
+    tpot_percentile: float = _f("Percentile of TPOT held to the SLO, over the decode tokens of mixed and "
+                                "pure steps", gt=0, le=100)
+    tpot_ms: float = _f("Replayed TPOT at that percentile, milliseconds", ge=0)
+    tpot_mean_ms: float = _f("Replayed mean TPOT over decode tokens, milliseconds", ge=0)
+    decode_step_ms: float = _f("A pure decode step at the full batch, milliseconds", gt=0)
+    mixed_step_share: float = _f("Share of the steps with decodes that also carried a prefill chunk", ge=0, le=1)
+    ttft_ms: float = _f("Replayed TTFT at the TTFT percentile (queue for the chunk budget + the steps "
+                        "carrying the prompt), milliseconds", ge=0)
+    ttft_mean_ms: float = _f("Replayed mean TTFT, milliseconds", ge=0)
+    binding: Literal["throughput", "tpot", "ttft"] = _f("What one replica fewer would break: throughput "
+                                                        "(the decode load), the TPOT SLO or the TTFT SLO")
+    options: StrictInt = _f("(GPU type, TP, batch, chunk) candidates enumerated", ge=1)
+
+    @model_validator(mode="after")
+    def _gpus_are_replicas_times_tp(self) -> AggregatedOut:
+        return _gpus_are_groups_times_tp(self, "aggregated", "replicas")
 
 
 class Deployment(_Frozen):
@@ -398,9 +438,17 @@ class Deployment(_Frozen):
                         "per owner group")
     usd_per_hour: float = _f("Cost of the decode pool (the whole deployment when mode is absent: decode "
                              "only), USD per hour", ge=0)
-    mode: Literal["disaggregated"] | None = _f(
-        "disaggregated: a prefill pool (prefill) beside these decode copies, sized for the arrivals; absent: "
-        "decode only (prefill not planned); added in schema 1.10", default=None)
+    mode: Literal["disaggregated", "aggregated"] | None = _f(
+        "The deployment to run: disaggregated (a prefill pool, prefill, beside these decode copies, sized "
+        "for the arrivals) or aggregated (the replicas of `aggregated`; schema 1.11); absent: decode only "
+        "(prefill not planned); added in schema 1.10. The disaggregated keys are present either way",
+        default=None)
+    deployment_mode: Literal["auto", "aggregated"] | None = _f(
+        "--deployment-mode when both modes were searched (auto: the cheaper meeting both SLOs; aggregated: "
+        "that mode chosen); absent: the disaggregated mode only (as in schema 1.10); schema 1.11",
+        default=None)
+    aggregated: AggregatedOut | None = _f("The aggregated deployment (absent: none meets both SLOs, or it was "
+                                          "not searched); schema 1.11", default=None)
     arrivals: ArrivalsOut | None = _f("The arrivals both pools are sized for; schema 1.10", default=None)
     prefill: PrefillPoolOut | None = _f("The prefill pool; schema 1.10", default=None)
     usd_per_hour_all_in: float | None = _f("Decode + prefill + hand-off, USD per hour (the hand-off link has "
@@ -426,6 +474,12 @@ class Deployment(_Frozen):
         given = [getattr(self, k) is not None for k in keys]
         if any(given) != (self.mode is not None) or (self.mode is not None and not all(given)):
             raise ValueError(f"deployment: mode and {', '.join(keys)} come together (a disaggregated deployment)")
+        if (self.deployment_mode is not None or self.aggregated is not None) and self.mode is None:
+            raise ValueError("deployment: deployment_mode and aggregated come with mode (a whole deployment)")
+        if self.mode == "aggregated" and self.aggregated is None:
+            raise ValueError("deployment: mode aggregated needs deployment.aggregated")
+        if self.aggregated is not None and self.deployment_mode is None:
+            raise ValueError("deployment: aggregated comes with deployment_mode (both modes searched)")
         return self
 
 

@@ -1,0 +1,255 @@
+"""The aggregated deployment: R colocated replicas that serve prefill and decode together, with
+chunked prefill inside the decode steps, sized for the arrivals under both SLOs.
+
+A candidate is (GPU type, TP, resident batch B = vLLM's max_num_seqs, chunk = its
+max_num_batched_tokens). Its arrivals are dealt round-robin to R replicas (request i to replica
+i mod R) and each replica is replayed step by step (`latency.mixed.replay`): every step's time
+is the colocated step at its decode batch plus its prefill chunk, so the TPOT percentile is over
+the decode tokens of mixed and pure steps alike (each token waits its step), and TTFT is the
+queue wait for the chunk budget plus the steps that carry the prompt's chunks.
+
+Exact over the enumeration: R is feasible when R replicas can carry the decode load at all
+(R >= `stable_replicas`, R x B / pure step at B >= rate x mean output) and the replay meets both
+SLOs. For each candidate every R from that floor upward is tried in turn, so its R is the least
+feasible one (no monotonicity in R is assumed); the candidates' costs R x TP x price are compared
+(ties: fewer GPUs, GPU id, TP, B, chunk), skipping a candidate once its floor already costs more
+than the best found, and scanning R only while it could still win. A brute force over every
+(candidate, R) checks it (tests/test_aggregated.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from opweave_planner.errors import UserError
+from opweave_planner.inputs.request import MAX_GPU_BUDGET, PlanRequest
+from opweave_planner.latency.mixed import StepTables, replay_replica
+from opweave_planner.plan.io import rounded
+from opweave_planner.plan.schema import AggregatedOut, Plan
+
+__all__ = ["Candidate", "Figures", "Choice", "CHUNK_CHOICES", "weighted_percentile", "stable_replicas",
+           "figures", "least_replicas", "choose", "with_aggregated"]
+
+#: chunk budgets searched besides the runtime's default (vLLM's max_num_batched_tokens); a smaller
+#: chunk makes a mixed step shorter and a prompt take more of them
+CHUNK_CHOICES = (512, 1024, 2048, 4096, 8192)
+
+
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """One aggregated replica shape and its price per hour (one replica)."""
+
+    tables: StepTables
+    batch: int
+    chunk: int
+    usd_per_hour: float
+
+    @property
+    def gpu(self) -> str:
+        return self.tables.gpu
+
+    @property
+    def tp(self) -> int:
+        return self.tables.tp
+
+    def key(self, replicas: int) -> tuple:
+        return (replicas * self.usd_per_hour, replicas * self.tp, self.gpu, self.tp, self.batch, self.chunk)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A replay of the arrivals through R replicas of a candidate (times in s)."""
+
+    replicas: int
+    tpot_s: float  # the percentile over decode tokens
+    tpot_mean_s: float
+    ttft_s: float
+    ttft_mean_s: float
+    mixed_share: float  # of the steps with decodes, those that also carried a prefill chunk
+
+
+@dataclass(frozen=True)
+class Choice:
+    candidate: Candidate
+    figures: Figures
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.figures.replicas * self.candidate.usd_per_hour
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The least value whose cumulative weight reaches q % of the total (the inverted CDF): the
+    q-th percentile of the decode tokens when each step's time is weighted by its decodes."""
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order], dtype=np.float64)
+    at = int(np.searchsorted(cum, q / 100.0 * cum[-1], side="left"))
+    return float(values[order][min(at, values.size - 1)])
+
+
+def stable_replicas(cand: Candidate, rate: float, mean_output: float) -> int:
+    """The fewest replicas that can carry the decode load at all: each emits at most B tokens per
+    pure decode step at B (a mixed step is longer), so fewer than this queue without bound."""
+    per_replica = cand.batch / (cand.tables.decode_step_us(cand.batch) * 1e-6)
+    return max(1, math.ceil(rate * mean_output / per_replica - 1e-9))
+
+
+@dataclass(frozen=True, eq=False)
+class _Replayed:
+    """The pooled replay of R replicas: TTFT per request, decode steps (s, decodes, mixed)."""
+
+    replicas: int
+    ttft: np.ndarray
+    dur: np.ndarray
+    dec: np.ndarray
+    mix: np.ndarray
+
+    def meets(self, slo_s: float, ttft_s: float, tpot_pct: float, ttft_pct: float) -> bool:
+        """Both SLOs at their percentiles; TPOT without a sort (the inverted-CDF percentile is <=
+        slo_s exactly when the decodes of steps within slo_s reach tpot_pct % of them)."""
+        if float(np.percentile(self.ttft, ttft_pct)) > ttft_s:
+            return False
+        total = float(self.dec.sum())
+        return total == 0 or float(self.dec[self.dur <= slo_s].sum()) >= tpot_pct / 100.0 * total
+
+    def figures(self, tpot_pct: float, ttft_pct: float) -> Figures:
+        if self.dur.size == 0:
+            tpot = tpot_mean = 0.0
+        else:
+            tpot = weighted_percentile(self.dur, self.dec, tpot_pct)
+            tpot_mean = float((self.dur * self.dec).sum() / self.dec.sum())
+        return Figures(self.replicas, tpot, tpot_mean, float(np.percentile(self.ttft, ttft_pct)),
+                       float(self.ttft.mean()), float(self.mix.mean()) if self.mix.size else 0.0)
+
+
+def _replayed(cand: Candidate, times: np.ndarray, prompts: np.ndarray, outputs: np.ndarray,
+              replicas: int) -> _Replayed:
+    until = float(times[-1])
+    got = [replay_replica(cand.tables, times[r::replicas], prompts[r::replicas], outputs[r::replicas], cand.batch,
+                          cand.chunk, until) for r in range(min(replicas, times.size))]  # the rest idle
+    return _Replayed(replicas, *(np.concatenate([getattr(g, k) for g in got])
+                                 for k in ("ttft_s", "step_s", "step_decodes", "step_mixed")))
+
+
+def figures(cand: Candidate, times: np.ndarray, prompts: np.ndarray, outputs: np.ndarray, replicas: int,
+            tpot_pct: float, ttft_pct: float) -> Figures:
+    """Replay round-robin through `replicas` replicas; TPOT counted over the steps that start
+    before the last arrival (the drain after it is lighter than the load)."""
+    return _replayed(cand, times, prompts, outputs, replicas).figures(tpot_pct, ttft_pct)
+
+
+def least_replicas(cand: Candidate, times, prompts, outputs, rate: float, mean_output: float, slo_s: float,
+                   ttft_s: float, tpot_pct: float, ttft_pct: float, max_replicas: int) -> Figures | None:
+    """The least R in [stable_replicas, max_replicas] whose replay meets both SLOs (None: none)."""
+    for r in range(stable_replicas(cand, rate, mean_output), max_replicas + 1):
+        got = _replayed(cand, times, prompts, outputs, r)
+        if got.meets(slo_s, ttft_s, tpot_pct, ttft_pct):
+            return got.figures(tpot_pct, ttft_pct)
+    return None
+
+
+def choose(cands: list[Candidate], times, prompts, outputs, rate: float, mean_output: float, slo_s: float,
+           ttft_s: float, tpot_pct: float, ttft_pct: float, max_gpus: int = MAX_GPU_BUDGET) -> Choice | None:
+    """The cheapest (candidate, R) meeting both SLOs (ties: fewer GPUs, GPU id, TP, B, chunk)."""
+    best: tuple | None = None
+    floors = [(c.key(stable_replicas(c, rate, mean_output)), i) for i, c in enumerate(cands)]
+    for floor, i in sorted(floors):  # cheapest floor first: a good incumbent early
+        cand = cands[i]
+        if best is not None and floor > best[0]:
+            continue
+        top = max_gpus // cand.tp
+        if best is not None:  # only an R whose key could still beat the best
+            while top >= 1 and cand.key(top) > best[0]:
+                top -= 1
+        fig = least_replicas(cand, times, prompts, outputs, rate, mean_output, slo_s, ttft_s, tpot_pct, ttft_pct,
+                             top)
+        if fig is not None and (best is None or cand.key(fig.replicas) < best[0]):
+            best = (cand.key(fig.replicas), Choice(cand, fig))
+    return None if best is None else best[1]
+
+
+# ----------------------------------------------------------------------------- from a request
+
+def candidates(req: PlanRequest, seq, hw, context: int, max_prompt: int) -> list[Candidate]:
+    """Every searched (GPU type, TP) that fits a node, x every searched batch B whose weights and
+    B requests' KV at the decode context fit its usable memory, x every chunk in CHUNK_CHOICES (and
+    the runtime's default) of at least B tokens."""
+    from opweave_planner.compile.tables import configurations, usable_per_gpu
+    from opweave_planner.latency.lookup import kv_shard, weight_shard
+    from opweave_planner.latency.mixed import step_tables
+    from opweave_planner.latency.prefill import default_chunk_tokens
+
+    out = []
+    for cfg in configurations(seq, hw, req):
+        gpu, tp = cfg.gpu, cfg.parallel.tp
+        if cfg.parallel.moe_ep:
+            continue
+        weights = sum(weight_shard(op, tp) for op in seq.ops)
+        kv = sum(kv_shard(op, tp, context) for op in seq.ops)
+        room = usable_per_gpu(gpu, tp, req) - weights
+        batches = [b for b in sorted(set(req.batches)) if kv * b <= room]
+        chunks = sorted(set(CHUNK_CHOICES) | {default_chunk_tokens(gpu)})
+        if not batches:
+            continue
+        tables = step_tables(seq, gpu, tp, context, max(batches), max(chunks), max_prompt, profiles_dir=req.profiles,
+                             backend=req.backend, moe_routing=req.moe_routing)
+        for b in batches:
+            out.extend(Candidate(tables, b, c, tp * gpu.price_per_hour) for c in chunks if c >= b)
+    return out
+
+
+def _binding(choice: Choice, times, prompts, outputs, rate, mean_output, slo_s, ttft_s, tpot_pct,
+             ttft_pct) -> str:
+    """What keeps the chosen candidate from one replica fewer: throughput, tpot or ttft."""
+    cand, r = choice.candidate, choice.figures.replicas
+    if r - 1 < stable_replicas(cand, rate, mean_output):
+        return "throughput"
+    fewer = _replayed(cand, times, prompts, outputs, r - 1)
+    return "ttft" if fewer.meets(slo_s, math.inf, tpot_pct, ttft_pct) else "tpot"
+
+
+def with_aggregated(plan: Plan, req: PlanRequest, hw, compiled) -> Plan:
+    """`plan` (its disaggregated deployment already planned) with the aggregated deployment beside
+    it, and `deployment.mode` the cheaper one meeting both SLOs (or the one --deployment-mode names).
+    `compiled`: the request's compiled problem (its operator sequence and shaped workload)."""
+    from opweave_planner.deployment import replayed_arrivals
+    from opweave_planner.plan import plan_version
+
+    dep = plan.deployment
+    arr, rate, mean_out = replayed_arrivals(plan, req, compiled)
+    outputs = np.full(arr.prompts.shape, max(1, round(mean_out)), dtype=np.int64)
+    context = int(plan.workload.context_tokens)
+    seq = compiled.seq
+    cands = candidates(req, seq, hw, context, int(arr.prompts.max()))
+    slo_s, ttft_s = req.slo_ms / 1e3, req.ttft / 1e3
+    tpot_pct = req.percentile if req.stochastic else req.ttft_at
+    args = (arr.times_s, arr.prompts, outputs, rate, mean_out, slo_s, ttft_s, tpot_pct, req.ttft_at)
+    choice = choose(cands, *args)  # the replicas together within the budget the prefill pool has
+    if choice is None:
+        if req.deployment_mode == "aggregated":
+            raise UserError(f"--deployment-mode aggregated: no aggregated deployment of {','.join(req.gpus)} TP "
+                            f"{','.join(map(str, req.tensor_parallel_sizes))} within {MAX_GPU_BUDGET} GPUs meets "
+                            f"p{tpot_pct:g} TPOT {req.slo_ms:g} ms and p{req.ttft_at:g} TTFT {req.ttft:g} ms")
+        doc = plan.model_copy(update={"deployment": dep.model_copy(update={"deployment_mode": req.deployment_mode})})
+        return doc.model_copy(update={"schema_version": plan_version(doc)})
+    cand, fig = choice.candidate, choice.figures
+    usd = choice.usd_per_hour
+    out_m = rate * mean_out * 3600 / 1e6
+    agg = AggregatedOut(
+        gpu=cand.gpu, tensor_parallel=cand.tp, batch=cand.batch, chunk_tokens=cand.chunk, replicas=fig.replicas,
+        gpus=fig.replicas * cand.tp, usd_per_hour=rounded(usd), usd_per_million_output_tokens=rounded(usd / out_m),
+        tpot_percentile=tpot_pct, tpot_ms=rounded(fig.tpot_s * 1e3), tpot_mean_ms=rounded(fig.tpot_mean_s * 1e3),
+        decode_step_ms=rounded(cand.tables.decode_step_us(cand.batch) / 1e3),
+        mixed_step_share=rounded(fig.mixed_share), ttft_ms=rounded(fig.ttft_s * 1e3),
+        ttft_mean_ms=rounded(fig.ttft_mean_s * 1e3), binding=_binding(choice, *args), options=len(cands))
+    disagg = dep.usd_per_hour_all_in
+    if req.deployment_mode == "aggregated":
+        mode = "aggregated"
+    else:  # ties: the disaggregated plan (the decode plan as searched)
+        mode = "aggregated" if (usd, agg.gpus) < (disagg, dep.gpus_total + dep.prefill.gpus) else "disaggregated"
+    doc = plan.model_copy(update={"deployment": dep.model_copy(update={
+        "mode": mode, "aggregated": agg, "deployment_mode": req.deployment_mode})})
+    return doc.model_copy(update={"schema_version": plan_version(doc)})

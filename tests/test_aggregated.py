@@ -1,0 +1,308 @@
+"""The aggregated deployment: mixed-step physics against the decode and prefill models, the
+step-level replay against a plain-Python scheduler, the search against a brute force, and the
+invariants (a looser SLO never costs more; the two-mode choice is never dearer than one mode)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opweave_planner import aggregated as agg
+from opweave_planner import api
+from opweave_planner.errors import UserError
+from opweave_planner.inputs.model import load_model
+from opweave_planner.latency.lookup import Parallel, op_latencies
+from opweave_planner.latency.mixed import StepTables, mixed_step_us, replay_replica, step_tables
+from opweave_planner.latency.prefill import chunk_schedule, prefill
+from opweave_planner.structure.operators import build_sequence
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return api.gpu_catalog().resolve("h100", "--gpus")
+
+
+@pytest.mark.parametrize("model, tp, ctx", [("qwen3-30b-a3b", 2, 8704), ("llama-3.1-8b", 1, 4096)])
+def test_a_pure_decode_step_is_the_decode_tables_sum(h100, model, tp, ctx):
+    seq = build_sequence(load_model(model))
+    tab = step_tables(seq, h100, tp, ctx, 128, 1024, 2048)
+    for b in (1, 7, 64, 128):
+        want = op_latencies(seq, h100, Parallel(tp, False), ctx, (b,)).lat_us[:, 0].sum()
+        assert tab.decode_step_us(b) == pytest.approx(want, rel=1e-12)
+        assert mixed_step_us(tab, [b], [0, 0], [], [], [])[0] == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("prompt, chunk", [(3000, 1024), (2048, 2048), (700, 512)])
+def test_a_prompt_alone_takes_the_prefill_models_time(h100, prompt, chunk):
+    seq = build_sequence(load_model("qwen3-30b-a3b"))
+    tab = step_tables(seq, h100, 2, 4096, 64, 2048, 4096)
+    steps = chunk_schedule(prompt, 1, chunk)
+    segs = [seg for step in steps for seg in step]
+    ptr = np.cumsum([0] + [len(step) for step in steps])
+    got = mixed_step_us(tab, [0] * len(steps), ptr, [s[0] for s in segs], [s[1] for s in segs], [s[2] for s in segs])
+    want = prefill(seq, h100, 2, prompt, chunk_tokens=chunk).prefill_ms
+    assert got.sum() / 1e3 == pytest.approx(want, rel=1e-9)
+    # the replay of that one request: TTFT is those steps
+    r = replay_replica(tab, [0.0], [prompt], [1], 8, chunk)
+    assert r.ttft_s[0] == pytest.approx(want / 1e3, rel=1e-9)
+
+
+def test_a_mixed_step_costs_more_than_either_part(h100):
+    seq = build_sequence(load_model("qwen3-30b-a3b"))
+    tab = step_tables(seq, h100, 2, 8704, 64, 2048, 8192)
+    pure = tab.decode_step_us(64)
+    chunk = mixed_step_us(tab, [0], [0, 1], [1984], [4096], [False])[0]
+    mixed = mixed_step_us(tab, [64], [0, 1], [1984], [4096], [False])[0]
+    assert mixed > pure and mixed > chunk and mixed < pure + chunk  # the GEMMs share their weight reads
+
+
+def test_bad_step_arrays_are_refused(h100):
+    seq = build_sequence(load_model("llama-3.1-8b"))
+    tab = step_tables(seq, h100, 1, 1024, 8, 64, 128)
+    with pytest.raises(ValueError):
+        mixed_step_us(tab, [9], [0, 0], [], [], [])  # more decodes than tabulated
+    with pytest.raises(ValueError):
+        mixed_step_us(tab, [1], [0, 1], [64], [0], [True])  # 65 tokens > 64
+    with pytest.raises(ValueError):
+        replay_replica(tab, [0.0], [200], [1], 8, 64)  # prompt beyond the tables
+
+
+# ----------------------------------------------------------------------------- synthetic tables
+
+def _tables(rng, max_batch=8, max_tokens=24, max_prompt=40) -> StepTables:
+    def rising(n, scale):
+        out = np.zeros(n + 1)
+        out[1:] = np.cumsum(rng.uniform(0.2, 1.0, n)) * scale + 50 * scale
+        return out
+
+    pass_us = np.zeros((2, max_prompt + 1))
+    pass_us[:, 1:] = np.cumsum(np.cumsum(rng.uniform(0.01, 0.1, (2, max_prompt)), axis=1), axis=1) * 100
+    return StepTables("h100", 1, 64, rising(max_tokens, 100.0), rising(max_tokens, 30.0), rising(max_batch, 200.0),
+                      pass_us, np.array([2.0, 1.0]), np.array([False, bool(rng.integers(2))]))
+
+
+def _reference(tab, arrivals, prompts, outputs, max_batch, chunk, until=math.inf):
+    """The scheduler in plain Python, step times from the public step function."""
+    n = len(arrivals)
+    ttft, rem, decoding = [0.0] * n, [0] * n, []
+    t, admitted, finished, partial = 0.0, 0, 0, None  # partial: [request, tokens done]
+    steps = []
+    while finished < n:
+        arrived = sum(1 for a in arrivals if a <= t)
+        if not decoding and partial is None and admitted == arrived:
+            t = arrivals[admitted]
+            continue
+        d, budget = len(decoding), chunk - len(decoding)
+        resident = d + (partial is not None)
+        segs, ended = [], []
+        if partial is None and budget > 0 and admitted < arrived and resident < max_batch:
+            partial, admitted, resident = [admitted, 0], admitted + 1, resident + 1
+        while partial is not None and budget > 0:
+            r, done = partial
+            take = min(prompts[r] - done, budget)
+            segs.append((take, done, done + take == prompts[r]))
+            budget -= take
+            if done + take == prompts[r]:
+                ended.append(r)
+                partial = None
+                if budget > 0 and admitted < arrived and resident < max_batch:
+                    partial, admitted, resident = [admitted, 0], admitted + 1, resident + 1
+            else:
+                partial = [r, done + take]
+        dur = mixed_step_us(tab, [d], [0, len(segs)], [s[0] for s in segs], [s[1] for s in segs],
+                            [s[2] for s in segs])[0] * 1e-6
+        if d and t <= until:
+            steps.append((dur, d, bool(segs)))
+        t += dur
+        for r in list(decoding):
+            rem[r] -= 1
+            if rem[r] == 0:
+                finished += 1
+                decoding.remove(r)
+        for r in ended:
+            ttft[r] = t - arrivals[r]
+            rem[r] = outputs[r] - 1
+            if rem[r] == 0:
+                finished += 1
+            else:
+                decoding.append(r)
+    return ttft, steps
+
+
+_instance = st.fixed_dictionaries({
+    "seed": st.integers(0, 2**32 - 1),
+    "n": st.integers(1, 25),
+    "rate": st.floats(5.0, 400.0),
+    "max_batch": st.integers(1, 8),
+    "chunk": st.integers(8, 24),
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_instance)
+def test_the_replay_kernel_is_the_plain_scheduler(case):
+    rng = np.random.default_rng(case["seed"])
+    tab = _tables(rng)
+    chunk = max(case["chunk"], case["max_batch"])
+    arrivals = np.cumsum(rng.exponential(1 / case["rate"], case["n"]))
+    prompts = rng.integers(1, 41, case["n"])
+    outputs = rng.integers(1, 8, case["n"])
+    until = float(arrivals[-1])
+    got = replay_replica(tab, arrivals, prompts, outputs, case["max_batch"], chunk, until)
+    ttft, steps = _reference(tab, list(arrivals), list(prompts), list(outputs), case["max_batch"], chunk, until)
+    np.testing.assert_allclose(got.ttft_s, ttft, rtol=1e-12, atol=1e-15)
+    assert len(steps) == got.step_s.size
+    if steps:
+        np.testing.assert_allclose(got.step_s, [s[0] for s in steps], rtol=1e-12)
+        assert list(got.step_decodes) == [s[1] for s in steps] and list(got.step_mixed) == [s[2] for s in steps]
+    assert np.all(got.ttft_s > 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(0.001, 1.0), min_size=1, max_size=30), st.integers(0, 2**31), st.floats(1, 100))
+def test_weighted_percentile_is_the_token_percentile(values, seed, q):
+    v = np.array(values)
+    w = np.random.default_rng(seed).integers(1, 6, v.size)
+    want = np.percentile(np.repeat(v, w), q, method="inverted_cdf")
+    assert agg.weighted_percentile(v, w, q) == want
+    rep = agg._Replayed(1, np.zeros(1), v, w, np.zeros(v.size, bool))
+    for slo in (want, np.nextafter(want, 0)):  # meets() without a sort says the same
+        assert rep.meets(slo, 1.0, q, 95) == (want <= slo)
+
+
+def _search_case(case):
+    rng = np.random.default_rng(case["seed"])
+    tabs = [_tables(rng) for _ in range(2)]
+    tabs[1] = StepTables("h100", 2, 64, tabs[1].linear_us * 0.6, tabs[1].head_us * 0.6,
+                         tabs[1].decode_attention_us * 0.6, tabs[1].pass_us * 0.6, tabs[1].count, tabs[1].recurrent)
+    cands = [agg.Candidate(t, b, c, 3.0 * t.tp) for t in tabs for b in (2, 4, 8) for c in (8, 16, 24) if c >= b]
+    n = case["n"]
+    times = np.cumsum(rng.exponential(1 / case["rate"], n))
+    prompts = rng.integers(1, 41, n)
+    outputs = np.full(n, case["out"], dtype=np.int64)
+    return cands, times, prompts, outputs, n / float(times[-1])
+
+
+def _brute(cands, times, prompts, outputs, rate, slo, ttft, max_gpus):
+    best = None
+    for c in cands:
+        for r in range(1, max_gpus // c.tp + 1):
+            if r < agg.stable_replicas(c, rate, float(outputs.mean())):
+                continue
+            if agg._replayed(c, times, prompts, outputs, r).meets(slo, ttft, 95.0, 90.0) and (
+                    best is None or c.key(r) < best):
+                best = c.key(r)
+    return best
+
+
+_search = st.fixed_dictionaries({
+    "seed": st.integers(0, 2**32 - 1),
+    "n": st.integers(4, 30),
+    "rate": st.floats(5.0, 400.0),
+    "out": st.integers(1, 6),
+    "slo_ms": st.floats(12.0, 40.0),  # the synthetic steps take about 17-25 ms
+    "ttft_ms": st.floats(10.0, 300.0),
+})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_search)
+def test_the_search_is_the_brute_force(case):
+    cands, times, prompts, outputs, rate = _search_case(case)
+    slo, ttft = case["slo_ms"] / 1e3, case["ttft_ms"] / 1e3
+    got = agg.choose(cands, times, prompts, outputs, rate, float(outputs.mean()), slo, ttft, 95.0, 90.0, max_gpus=12)
+    want = _brute(cands, times, prompts, outputs, rate, slo, ttft, 12)
+    assert (None if got is None else got.candidate.key(got.figures.replicas)) == want
+    if got is not None:
+        assert got.figures.tpot_s <= slo and got.figures.ttft_s <= ttft
+        # looser SLOs never cost more
+        for looser in ((slo * 1.5, ttft), (slo, ttft * 1.5)):
+            loose = agg.choose(cands, times, prompts, outputs, rate, float(outputs.mean()), *looser, 95.0, 90.0,
+                               max_gpus=12)
+            assert loose is not None and loose.usd_per_hour <= got.usd_per_hour
+
+
+# ----------------------------------------------------------------------------- a whole request
+
+BASE = dict(model="llama-3.1-8b", slo="60ms", ctx="8704", gpus="h100", tensor_parallel_sizes="1,2",
+            batches="8,16,32,64", policy="colocated", prompt_len="7680", output_len="1024", ttft="1s",
+            request_rate=8)
+
+
+@pytest.fixture(scope="module")
+def auto_plan():
+    req = api.make_request(**BASE)
+    return req, api.plan(req).plan
+
+
+def test_both_modes_are_searched_and_the_cheaper_is_chosen(auto_plan):
+    from opweave_planner import report
+    from opweave_planner.contract import recorded_request
+
+    _req, doc = auto_plan
+    dep = doc.deployment
+    a = dep.aggregated
+    assert doc.schema_version == "1.11" and dep.deployment_mode == "auto" and a is not None
+    disagg = dep.usd_per_hour_all_in
+    chosen = a.usd_per_hour if dep.mode == "aggregated" else disagg
+    assert chosen <= a.usd_per_hour and chosen <= disagg  # one mode alone never beats the choice
+    assert a.tpot_ms <= 60 and a.ttft_ms <= 1000 and a.gpus == a.replicas * a.tensor_parallel
+    assert a.batch <= a.chunk_tokens and 0 < a.mixed_step_share <= 1
+    assert a.tpot_ms >= a.decode_step_ms * 0.5  # the percentile sees the mixed steps, not below a light step
+    line = report.deployment_mode_line(doc)
+    assert f"{a.usd_per_hour:,.2f} USD/h" in line and f"{disagg:,.2f} USD/h" in line and "breaks" in line
+    assert recorded_request(doc).deployment_mode == "auto"
+
+
+def test_aggregated_forced_is_never_cheaper_than_auto(auto_plan):
+    req, doc = auto_plan
+    forced = agg.with_aggregated(doc, req.model_copy(update={"deployment_mode": "aggregated"}), api.gpu_catalog())
+    dep = forced.deployment
+    assert dep.mode == "aggregated" and dep.deployment_mode == "aggregated"
+    auto = doc.deployment
+    auto_cost = auto.aggregated.usd_per_hour if auto.mode == "aggregated" else auto.usd_per_hour_all_in
+    assert dep.aggregated.usd_per_hour >= auto_cost
+    assert dep.aggregated == auto.aggregated  # the same search; only the choice differs
+
+
+def test_one_replica_fewer_breaks_what_binding_names(auto_plan):
+    req, doc = auto_plan
+    a = doc.deployment.aggregated
+    assert a.binding in ("throughput", "tpot", "ttft")
+    if a.binding != "throughput":
+        from opweave_planner.compile import compile_request
+        from opweave_planner.deployment import replayed_arrivals
+
+        arr, _rate, mean_out = replayed_arrivals(doc, req, compile_request(req, api.gpu_catalog()))
+        cand = next(c for c in agg.candidates(req, build_sequence(load_model(req.model)), api.gpu_catalog(),
+                                              doc.workload.context_tokens, int(arr.prompts.max()))
+                    if (c.gpu, c.tp, c.batch, c.chunk) == (a.gpu, a.tensor_parallel, a.batch, a.chunk_tokens))
+        out = np.full(arr.prompts.shape, round(mean_out))
+        fewer = agg.figures(cand, arr.times_s, arr.prompts, out, a.replicas - 1, a.tpot_percentile, 95.0)
+        if a.binding == "tpot":
+            assert fewer.tpot_s * 1e3 > 60
+        else:
+            assert fewer.ttft_s * 1e3 > 1000 and fewer.tpot_s * 1e3 <= 60
+
+
+def test_the_1_10_files_replan_in_the_disaggregated_mode_only():
+    from pathlib import Path
+
+    from opweave_planner.contract import read_plan, recorded_request
+
+    g = read_plan(Path(__file__).parent / "golden" / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8_v1.10.json")
+    assert recorded_request(g).deployment_mode == "disaggregated"
+
+
+@pytest.mark.parametrize("values, words", [
+    (dict(deployment_mode="mixed"), "--deployment-mode: 'mixed' unknown"),
+    (dict(ttft=None, request_rate=None, deployment_mode="aggregated"), "only applies with --ttft"),
+])
+def test_bad_deployment_modes_fail_in_one_line(values, words):
+    with pytest.raises(UserError) as exc:
+        api.make_request(**{**BASE, **values})
+    assert words in str(exc.value) and "\n" not in str(exc.value)
