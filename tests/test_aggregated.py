@@ -260,7 +260,14 @@ def test_both_modes_are_searched_and_the_cheaper_is_chosen(auto_plan):
 
 def test_aggregated_forced_is_never_cheaper_than_auto(auto_plan):
     req, doc = auto_plan
-    forced = agg.with_aggregated(doc, req.model_copy(update={"deployment_mode": "aggregated"}), api.gpu_catalog())
+    from opweave_planner.compile import compile_request
+
+    forced_req = req.model_copy(update={"deployment_mode": "aggregated"})
+    from opweave_planner.deployment import replayed_arrivals
+
+    compiled = compile_request(forced_req, api.gpu_catalog())
+    forced = agg.with_aggregated(doc, forced_req, api.gpu_catalog(), compiled.seq,
+                                 replayed_arrivals(doc, forced_req, compiled))
     dep = forced.deployment
     assert dep.mode == "aggregated" and dep.deployment_mode == "aggregated"
     auto = doc.deployment

@@ -211,18 +211,17 @@ def _binding(choice: Choice, times, prompts, outputs, rate, mean_output, slo_s, 
     return "ttft" if fewer.meets(slo_s, math.inf, tpot_pct, ttft_pct) else "tpot"
 
 
-def with_aggregated(plan: Plan, req: PlanRequest, hw, compiled) -> Plan:
+def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals) -> Plan:
     """`plan` (its disaggregated deployment already planned) with the aggregated deployment beside
     it, and `deployment.mode` the cheaper one meeting both SLOs (or the one --deployment-mode names).
-    `compiled`: the request's compiled problem (its operator sequence and shaped workload)."""
-    from opweave_planner.deployment import replayed_arrivals
+    `seq`: the request's operator sequence; `arrivals`: (arrivals, rate, mean output) as
+    `deployment.replayed_arrivals` gives them to both modes."""
     from opweave_planner.plan import plan_version
 
     dep = plan.deployment
-    arr, rate, mean_out = replayed_arrivals(plan, req, compiled)
+    arr, rate, mean_out = arrivals
     outputs = np.full(arr.prompts.shape, max(1, round(mean_out)), dtype=np.int64)
     context = int(plan.workload.context_tokens)
-    seq = compiled.seq
     cands = candidates(req, seq, hw, context, int(arr.prompts.max()))
     slo_s, ttft_s = req.slo_ms / 1e3, req.ttft / 1e3
     tpot_pct = req.percentile if req.stochastic else req.ttft_at

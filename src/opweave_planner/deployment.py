@@ -237,7 +237,8 @@ def sized(doc: Plan, req: PlanRequest, hw, compiled=None) -> Plan:
             return doc
         from opweave_planner.aggregated import with_aggregated
 
-        return with_aggregated(doc, req, hw, compiled)  # both modes: the cheaper meeting both SLOs is deployment.mode
+        # both modes: the cheaper meeting both SLOs is deployment.mode
+        return with_aggregated(doc, req, hw, compiled.seq, replayed_arrivals(doc, req, compiled))
     if req.target_tokens_per_s is None and req.target_concurrency is None:
         return doc
     dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
