@@ -197,7 +197,7 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
                   model_id=mid,
                   spec=spec, hw=hw, labels=labels, image=image, alternative=alt,
                   base_cost=base_cost, deployment=_deployment(plan, raw, alt, hw))
-    for o in plan.owners:
+    for o in ctx.owners:
         ctx.gpu(o.gpu)  # a GPU type the catalog lacks is a bad input, named here
     if ctx.prefill is not None:
         hw.resolve(ctx.prefill.gpu, f"{plan_path}: deployment.prefill.gpu")
@@ -243,7 +243,7 @@ def _deployment(plan, raw: dict[str, Any], alt: str | None, hw):
 def gpus_exported(ctx: Context) -> int:
     """GPUs the files run: every decode group of every copy, and the prefill pool where written."""
     pool = len(ctx.prefill_placement) * ctx.prefill.tensor_parallel if ctx.target.writes_prefill and ctx.prefill else 0
-    return sum(len(ctx.placement(o)) * o.tensor_parallel for o in ctx.plan.owners) + pool
+    return sum(len(ctx.placement(o)) * o.tensor_parallel for o in ctx.owners) + pool
 
 
 def sizing_note(ctx: Context) -> str:
@@ -253,6 +253,12 @@ def sizing_note(ctx: Context) -> str:
     if dep is None:
         return (f"one copy of the plan ({gpus} GPUs): it records no deployment sizing; plan with "
                 f"--target-tokens-per-s or --target-concurrency to deploy more")
+    agg = ctx.aggregated
+    if agg is not None:
+        return (f"the plan's aggregated deployment: {len(ctx.placement(ctx.owners[0]))} replicas of {agg.gpu} "
+                f"TP{agg.tensor_parallel} ({gpus} GPUs on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}), each prefilling and decoding "
+                f"{agg.batch} requests with a {agg.chunk_tokens}-token chunk budget, no prefill pool (the "
+                f"plan's mode; its disaggregated alternative is the decode plan and prefill pool beside it)")
     pool = ctx.prefill
     if pool is not None and ctx.target.writes_prefill:
         return (f"{dep.copies} copies of the plan (the decode pool) and its prefill pool ({pool.instances}x "
@@ -280,14 +286,17 @@ def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes
             "target_concurrency": None if dep is None else dep.target_concurrency,
             "gpus_total": gpus_exported(ctx),
             "nodes_total": ctx.nodes if ctx.target.writes_prefill else len(
-                {r.node for o in p.owners for r in ctx.placement(o)}),
+                {r.node for o in ctx.owners for r in ctx.placement(o)}),
+            # what the files run (a plan without a prefill pool runs aggregated decode servers)
             "mode": "disaggregated" if ctx.prefill is not None and ctx.target.writes_prefill else "aggregated",
             "prefill": _prefill_record(ctx),
             "chunk_tokens": chunk_tokens_of(p),
             "owners": [{"owner": o.index, "gpu": o.gpu, "tensor_parallel": o.tensor_parallel,
                         "replicas": len(ctx.placement(o)), "resident_batch": o.resident_batch,
                         "memory_fraction": ctx.memory_fraction(o), "static_fraction": ctx.static_fraction(o)}
-                       for o in p.owners],
+                       for o in ctx.owners],
+            "plan_mode": None if dep is None else dep.mode,
+            "aggregated": _aggregated_record(ctx),
             "max_model_len": p.workload.window,
         },
         "benchmark": traffic(ctx).summary(),
@@ -301,12 +310,25 @@ def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes
                  "usd_per_million_tokens": p.usd_per_million_tokens, "global_batch": p.global_batch,
                  "gpus_total": p.gpus_total, "num_stages": p.num_stages},
         "placement": [{"owner": r.owner, "replica": r.index, "copy": r.copy, "gpu": o.gpu, "node": r.node,
-                       "devices": list(r.devices)} for o in p.owners for r in ctx.placement(o)]
+                       "devices": list(r.devices)} for o in ctx.owners for r in ctx.placement(o)]
                      + ([{"owner": "prefill", "replica": r.index, "copy": None, "gpu": ctx.prefill.gpu,
                           "node": r.node, "devices": list(r.devices)} for r in ctx.prefill_placement]
                         if ctx.target.writes_prefill else []),
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
     })
+
+
+def _aggregated_record(ctx: Context) -> dict[str, Any] | None:
+    """The aggregated servers the files run when that is the plan's mode (None otherwise)."""
+    agg = ctx.aggregated
+    if agg is None:
+        return None
+    group = ctx.owners[0]
+    return {"gpu": agg.gpu, "tensor_parallel": agg.tensor_parallel, "replicas": len(ctx.placement(group)),
+            "gpus": len(ctx.placement(group)) * agg.tensor_parallel, "max_num_seqs": agg.batch,
+            "chunk_tokens": agg.chunk_tokens, "memory_fraction": ctx.memory_fraction(group),
+            "static_fraction": ctx.static_fraction(group), "ttft_ms": agg.ttft_ms, "tpot_ms": agg.tpot_ms,
+            "tpot_percentile": agg.tpot_percentile}
 
 
 def _prefill_record(ctx: Context) -> dict[str, Any] | None:

@@ -92,6 +92,19 @@ class Replica:
         return ",".join(str(d) for d in self.devices)
 
 
+@dataclass(frozen=True)
+class ServerGroup:
+    """The aggregated deployment's replicas (schema 1.11) as the one owner the exporters serve:
+    (GPU, TP) groups of `batch` resident requests that prefill and decode together."""
+
+    gpu: str
+    tensor_parallel: int
+    replicas: int
+    resident_batch: int
+    index: int = 0
+    expert_parallel: int = 1  # the aggregated search skips expert-parallel shapes
+
+
 @dataclass
 class Context:
     """Everything an exporter may read: the plan, its raw JSON and the resolved options."""
@@ -116,9 +129,25 @@ class Context:
         return self.hw.resolve(gid, f"{self.path}: owners[].gpu")
 
     @property
+    def aggregated(self):
+        """The aggregated deployment (schema 1.11) when it is the plan's mode: the export runs its
+        replicas, not the decode plan's owners (those are the disaggregated alternative's)."""
+        dep = self.deployment
+        return dep.aggregated if dep is not None and getattr(dep, "mode", None) == "aggregated" else None
+
+    @cached_property
+    def owners(self) -> tuple:
+        """The groups the export serves: the aggregated replicas as one owner, else the plan's owners."""
+        agg = self.aggregated
+        if agg is None:
+            return tuple(self.plan.owners)
+        return (ServerGroup(agg.gpu, agg.tensor_parallel, agg.replicas, agg.batch),)
+
+    @property
     def copies(self) -> int:
-        """Copies of the plan the export deploys: the plan's sizing, else one."""
-        return 1 if self.deployment is None else self.deployment.copies
+        """Copies of the plan the export deploys: the plan's sizing, else one (an aggregated
+        deployment is its replicas: one copy of them)."""
+        return 1 if self.deployment is None or self.aggregated is not None else self.deployment.copies
 
     def groups(self, owner) -> int:
         """Device groups of `owner` over every copy (the deployment's replicas of that owner)."""
@@ -137,16 +166,16 @@ class Context:
         fill their own nodes first fit, nodes numbered across owners. The node counts are the
         ones `sizing` counts for the plan's deployment.
         """
-        plan = self.plan
-        gpn = {o.index: self.gpu(o.gpu).gpus_per_node for o in plan.owners}
-        shared = (len(plan.owners) > 1 and len({o.gpu for o in plan.owners}) == 1
+        plan, owners = self.plan, self.owners
+        gpn = {o.index: self.gpu(o.gpu).gpus_per_node for o in owners}
+        shared = (len(owners) > 1 and len({o.gpu for o in owners}) == 1
                   and plan.gpus_total <= gpn[0])
-        out: dict[int, list[Replica]] = {o.index: [] for o in plan.owners}
+        out: dict[int, list[Replica]] = {o.index: [] for o in owners}
         if shared:
             per_node = max(1, gpn[0] // plan.gpus_total)
             for c in range(self.copies):
                 offset = (c % per_node) * plan.gpus_total
-                for o in plan.owners:
+                for o in owners:
                     tp = o.tensor_parallel
                     for r in range(o.replicas):
                         out[o.index].append(Replica(o.index, c * o.replicas + r, c // per_node,
@@ -154,7 +183,7 @@ class Context:
                         offset += tp
             return out
         first_node = 0
-        for o in plan.owners:
+        for o in owners:
             tp = o.tensor_parallel
             per_node = max(1, gpn[o.index] // tp)
             groups = self.groups(o)

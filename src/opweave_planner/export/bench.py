@@ -53,8 +53,9 @@ _COMPARE = (
     '    print(f"TTFT p50 {{t50:.1f}} ms, {q} {{tq:.1f}} ms vs plan p{{ttft_pct:g}} {{ttft_plan:.1f}} ms "',
     '          f"({{100 * (tq / ttft_plan - 1):+.1f}} %); TTFT SLO {{ttft_slo:g}} ms: "',
     '          f"{{\'met\' if tq <= ttft_slo else \'MISSED\'}} at {q}")',
-    'print(f"TPOT p50 {{p50:.2f}} ms vs plan {{p50_plan:.2f}} ms ({{100 * (p50 / p50_plan - 1):+.1f}} %), "',
-    '      f"{q} {{pq:.2f}} ms vs plan p95 {{p95_plan:.2f}} ms ({{100 * (pq / p95_plan - 1):+.1f}} %); "',
+    "tpot_pct, mid = (float(sys.argv[8]), sys.argv[9] + ' ') if len(sys.argv) > 9 else (95.0, '')",
+    'print(f"TPOT p50 {{p50:.2f}} ms vs plan {{mid}}{{p50_plan:.2f}} ms ({{100 * (p50 / p50_plan - 1):+.1f}} %), "',
+    '      f"{q} {{pq:.2f}} ms vs plan p{{tpot_pct:g}} {{p95_plan:.2f}} ms ({{100 * (pq / p95_plan - 1):+.1f}} %); "',
     '      f"SLO {{slo:g}} ms: {{\'met\' if pq <= slo else \'MISSED\'}} at {q}")',
 )
 _RESULT_KEY = re.compile(r"[a-z0-9_]+")
@@ -84,9 +85,12 @@ class Traffic:
     concurrency: int
     fixed: bool  # every request the same lengths (a fixed-context plan)
     source: str  # where the lengths came from, one line for the script's comment
+    planned_rate: float | None = None  # the rate the plan replayed (deployment.arrivals), when it is sent
 
     @property
     def rate(self) -> float | None:
+        if self.planned_rate is not None:
+            return self.planned_rate
         if self.arrivals is None or len(self.arrivals) < 2:
             return None
         return (len(self.arrivals) - 1) / self.arrivals[-1] if self.arrivals[-1] > 0 else None
@@ -152,11 +156,13 @@ def traffic(ctx) -> Traffic:
     """The plan's traffic for `ctx`'s deployment (every copy: concurrency = copies x B)."""
 
     plan = ctx.plan
-    conc = ctx.copies * plan.global_batch
+    agg = ctx.aggregated
+    conc = agg.replicas * agg.batch if agg is not None else ctx.copies * plan.global_batch
     dist = plan.workload.distribution
     if dist is None:
         p, o = _fixed_lengths(plan)
-        prompts, outputs, fixed = [p] * conc, [o] * conc, True
+        n = conc if agg is None else min(MAX_SAMPLE, WAVES * conc)  # arrivals at a rate: a longer run
+        prompts, outputs, fixed = [p] * n, [o] * n, True
         source = f"fixed lengths: prompt {p}, output {o} tokens"
     else:
         n = min(MAX_SAMPLE, WAVES * conc)
@@ -170,15 +176,21 @@ def traffic(ctx) -> Traffic:
             prompts, outputs = drawn
             fixed = False
             source = f"{n} requests drawn (seed {dist.seed}) from the shaped workload {dist.workload}"
-    arrivals = None
+    arrivals, planned = None, None
     dep = ctx.deployment
-    if dep is not None and dep.target_tokens_per_s is not None:
+    if agg is not None and dep.arrivals is not None:  # the arrivals the aggregated replicas were replayed with
+        from opweave_planner.workload.arrivals import poisson
+
+        planned = dep.arrivals.rate
+        seed = dep.arrivals.seed or 0
+        arrivals = tuple(float(f"{t:.6f}") for t in poisson(planned, len(prompts), prompts, seed).times_s)
+    elif dep is not None and dep.target_tokens_per_s is not None:
         rate = dep.target_tokens_per_s / (sum(outputs) / len(outputs))  # requests per second
         from opweave_planner.workload.arrivals import poisson
 
         seed = 0 if dist is None else dist.seed
         arrivals = tuple(float(f"{t:.6f}") for t in poisson(rate, len(prompts), prompts, seed + 1).times_s)
-    return Traffic(tuple(prompts), tuple(outputs), arrivals, conc, fixed, source)
+    return Traffic(tuple(prompts), tuple(outputs), arrivals, conc, fixed, source, planned)
 
 
 def sample_bytes(t: Traffic) -> bytes:
@@ -199,14 +211,26 @@ def sample_bytes(t: Traffic) -> bytes:
 
 def plan_ttft(ctx) -> tuple[float, float, float] | None:
     """The TTFT the plan predicts for the deployment the files run, (ms, SLO ms, percentile): a
-    disaggregated plan's replayed prefill-pool TTFT where its pool is exported, else None."""
+    disaggregated plan's replayed prefill-pool TTFT where its pool is exported, an aggregated-mode
+    plan's replayed aggregated TTFT, else None."""
+    agg, pool = ctx.aggregated, ctx.deployment.prefill if ctx.deployment is not None else None
+    if agg is not None and pool is not None:  # the SLO and percentile are the request's, recorded on the pool
+        return agg.ttft_ms, pool.ttft_slo_ms, pool.ttft_percentile
     pool = ctx.prefill
     if pool is None or not ctx.target.writes_prefill:
         return None
     return pool.ttft_ms, pool.ttft_slo_ms, pool.ttft_percentile
 
 
-def compare_snippet(plan, keys: Keys, result: ShellWord, ttft: tuple[float, float, float] | None = None) -> list[str]:
+def plan_tpot(ctx) -> tuple[float, float, float, str] | None:
+    """The TPOT the aggregated replicas were replayed at, (mean ms, ms at the percentile, the
+    percentile, 'mean'), when that is the plan's mode; None: the decode plan's (`compare_snippet`)."""
+    agg = ctx.aggregated
+    return None if agg is None else (agg.tpot_mean_ms, agg.tpot_ms, agg.tpot_percentile, "mean")
+
+
+def compare_snippet(plan, keys: Keys, result: ShellWord, ttft: tuple[float, float, float] | None = None,
+                    tpot: tuple[float, float, float, str] | None = None) -> list[str]:
     """Bash lines that read the benchmark's JSON result and print TTFT and TPOT p50 / upper
     percentile against the plan's (a workload plan's p50 and p95 step TPOT, else its TPOT; TTFT
     where the plan predicts one, `plan_ttft`)."""
@@ -218,20 +242,32 @@ def compare_snippet(plan, keys: Keys, result: ShellWord, ttft: tuple[float, floa
     if _HEREDOC_END in body:
         raise InternalError("the benchmark's here-doc holds its own terminator")
     p50, p95 = (plan.tpot.p50_ms, plan.tpot.p95_ms) if plan.tpot is not None else (plan.tpot_ms, plan.tpot_ms)
+    if tpot is not None:
+        p50, p95 = tpot[0], tpot[1]
     argv = ["python3", "-", result, number(p50), number(p95), number(plan.workload.tpot_slo_ms)]
-    if ttft is not None:
-        argv += [number(x) for x in ttft]
+    if ttft is not None or tpot is not None:
+        argv += [number(x) for x in ttft] if ttft is not None else ["0", "0", "0"]
+    if tpot is not None:
+        argv += [number(tpot[2]), tpot[3]]
     return [" ".join(quote(w) for w in argv) + f" <<'{_HEREDOC_END}'", *body, _HEREDOC_END]
 
 
 def bench_env(ctx, t: Traffic) -> list[str]:
     """The benchmark's settings as overridable variables, with what they replay as comments."""
-    lines = [comment(f"Traffic: {t.source}."),
-             comment(f"Concurrency {t.concurrency} = {ctx.copies} cop{'y' if ctx.copies == 1 else 'ies'} x "
-                     f"the plan's resident batch {ctx.plan.global_batch}; "
-                     + ("closed loop (no arrival rate in the plan)." if t.rate is None else
-                        f"Poisson arrivals at {t.rate:.4g} requests/s (the deployment's target "
-                        f"{ctx.deployment.target_tokens_per_s:g} tokens/s)."))]
+    agg = ctx.aggregated
+    if agg is not None:
+        held = f"{agg.replicas} aggregated replicas x max-num-seqs {agg.batch}; "
+    else:
+        held = (f"{ctx.copies} cop{'y' if ctx.copies == 1 else 'ies'} x the plan's resident batch "
+                f"{ctx.plan.global_batch}; ")
+    if t.rate is None:
+        pace = "closed loop (no arrival rate in the plan)."
+    elif t.planned_rate is not None:
+        pace = f"Poisson arrivals at {t.rate:.4g} requests/s (the plan's arrivals, deployment.arrivals)."
+    else:
+        pace = (f"Poisson arrivals at {t.rate:.4g} requests/s (the deployment's target "
+                f"{ctx.deployment.target_tokens_per_s:g} tokens/s).")
+    lines = [comment(f"Traffic: {t.source}."), comment(f"Concurrency {t.concurrency} = {held}{pace}")]
     lines += [
         assign("HOST", Var("HOST", default="127.0.0.1")),
         assign("PORT", Var("PORT", default=integer(BASE_PORT))),
@@ -276,7 +312,7 @@ def benchmark_vllm(ctx, backend: str, what: str = "the deployment") -> dict[str,
         lines.append(comment("Needs the client of vLLM 0.26.0 or newer (its timed_trace dataset) where this runs."))
     lines += bench_env(ctx, t)
     lines.append(shell_command(argv))
-    lines += compare_snippet(ctx.plan, VLLM_KEYS, Word(v["RESULT_DIR"], "/tpot.json"), plan_ttft(ctx))
+    lines += compare_snippet(ctx.plan, VLLM_KEYS, Word(v["RESULT_DIR"], "/tpot.json"), plan_ttft(ctx), plan_tpot(ctx))
     files = {"benchmark.sh": script(lines)}
     if not t.fixed:
         files[SAMPLE] = sample_bytes(t)

@@ -46,7 +46,7 @@ def _worker(ctx: Context, name: str, image: str, sub: str, replicas: int, gpu: s
 
 def manifest(ctx: Context) -> dict:
     """The DynamoGraphDeployment as a plain dict (what the YAML file holds, key for key)."""
-    owner = ctx.plan.owners[0]
+    owner = ctx.owners[0]
     image = ctx.image or IMAGE.format(version=ctx.release or ctx.version)
     release = VLLM_OF[ctx.version]
     flags = _vllm.FLAGS[release]

@@ -48,7 +48,7 @@ def _container(ctx: Context, args: list[str], port: int) -> dict:
 
 def values(ctx: Context) -> dict:
     """The Helm values as a plain dict (what values.yaml holds, key for key)."""
-    owner, pool = ctx.plan.owners[0], ctx.prefill
+    owner, pool = ctx.owners[0], ctx.prefill
     release = VLLM_OF[ctx.version]
     flags = _vllm.FLAGS[release]
     args = _vllm.engine_args(ctx, owner, flags)[2:]  # the chart sets --tensor-parallel-size itself

@@ -17,6 +17,7 @@ from opweave_planner.export.bench import (
     bench_env,
     benchmark_vllm,
     compare_snippet,
+    plan_tpot,
     plan_ttft,
     traffic,
 )
@@ -66,7 +67,7 @@ def render(ctx: Context) -> dict[str, bytes]:
     if ctx.prefill is not None:
         return render_disaggregated(ctx)
     flags = FLAGS[ctx.version]
-    owner = ctx.plan.owners[0]
+    owner = ctx.owners[0]
     files: dict[str, bytes] = {}
     ports = _vllm.replica_ports(ctx, owner)
     placement = ctx.placement(owner)
@@ -88,7 +89,7 @@ def render_disaggregated(ctx: Context) -> dict[str, bytes]:
     """`serve-decode-<r>.sh` and `serve-prefill-<i>.sh` (`--disaggregation-mode`, NIXL), `router.sh`
     (sglang-router `--pd-disaggregation`, each prefill server with its bootstrap port)."""
     flags = FLAGS[ctx.version]
-    owner, pool = ctx.plan.owners[0], ctx.prefill
+    owner, pool = ctx.owners[0], ctx.prefill
     files: dict[str, bytes] = {}
     decode = list(zip(ctx.placement(owner), _vllm.replica_ports(ctx, owner)))
     prefill = [(rep, port, BOOTSTRAP_PORT + rep.devices[0] // pool.tensor_parallel)
@@ -149,7 +150,7 @@ def benchmark(ctx: Context) -> dict[str, bytes]:
                              f"{keys.q} is compared."))
     lines += bench_env(ctx, t)
     lines.append(shell_command(argv))
-    lines += compare_snippet(ctx.plan, keys, result, plan_ttft(ctx))
+    lines += compare_snippet(ctx.plan, keys, result, plan_ttft(ctx), plan_tpot(ctx))
     return {"benchmark.sh": script(lines)}
 
 

@@ -45,8 +45,9 @@ def fits(plan_dict, name: str) -> bool:
 
 
 def check(ctx: Context) -> None:
-    """Refuse any plan but a colocated one (the check of every target that serves it as vLLM does)."""
-    if not is_colocated(ctx.plan):
+    """Refuse any plan but a colocated one (the check of every target that serves it as vLLM does);
+    an aggregated-mode plan runs its aggregated replicas, colocated whatever the decode plan's shape."""
+    if ctx.aggregated is None and not is_colocated(ctx.plan):
         raise refuse(ctx, shape_words(ctx.plan))
 
 
@@ -109,7 +110,7 @@ def replica_ports(ctx: Context, owner) -> list[int]:
 
 def prefill_ports(ctx: Context) -> list[int]:
     """Ports of the prefill instances, after the decode groups'."""
-    first = BASE_PORT + 1 + ctx.groups(ctx.plan.owners[0])
+    first = BASE_PORT + 1 + ctx.groups(ctx.owners[0])
     return [first + i for i in range(len(ctx.prefill_placement))]
 
 
@@ -138,7 +139,7 @@ def render(ctx: Context) -> dict[str, bytes]:
     if ctx.prefill is not None:
         return render_disaggregated(ctx)
     flags = FLAGS[ctx.version]
-    owner = ctx.plan.owners[0]
+    owner = ctx.owners[0]
     files: dict[str, bytes] = {}
     ports = replica_ports(ctx, owner)
     placement = ctx.placement(owner)
@@ -170,7 +171,7 @@ def render_disaggregated(ctx: Context) -> dict[str, bytes]:
     """`serve-decode-<r>.sh` per decode group of every copy, `serve-prefill-<i>.sh` per prefill
     instance, NIXL between them, `router.sh` (vllm-router's P/D mode) over all of them."""
     flags = FLAGS[ctx.version]
-    owner, pool = ctx.plan.owners[0], ctx.prefill
+    owner, pool = ctx.owners[0], ctx.prefill
     files: dict[str, bytes] = {}
     decode = list(zip(ctx.placement(owner), replica_ports(ctx, owner)))
     prefill = list(zip(ctx.prefill_placement, prefill_ports(ctx)))

@@ -77,6 +77,11 @@ def fits(plan_dict, name: str) -> bool:
 def check(ctx: Context) -> None:
     """A DeepSeek-V2/V3 attention | FFN pair whose rank ratio the connector takes, at most μ = 2."""
     plan = ctx.plan
+    agg = ctx.aggregated
+    if agg is not None:  # the vllm target runs exactly this shape (its check accepts every aggregated plan)
+        raise Refusal(f"vllm-afd cannot run an aggregated deployment ({agg.replicas} replicas of {agg.gpu} "
+                      f"TP{agg.tensor_parallel} serving prefill and decode together, the plan's mode): it splits "
+                      f"attention from FFN; use --to vllm")
     mt = getattr(ctx.spec, "model_type", None)
     if mt not in MODEL_TYPES:
         raise Refusal(f"vllm-afd cannot run {plan.model} (model_type {mt or 'unknown'}): the AFD plugin "
