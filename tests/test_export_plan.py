@@ -54,6 +54,10 @@ def _plan(name: str) -> bytes:
         elif name == "workload":  # the Mooncake sample, shaped, sized for a rate
             req = api.make_request("llama-3.1-8b", "60ms", workload=str(TRACE), scale_ctx="8k",
                                    max_model_len="32k", scenarios=16, target_tokens_per_s=5000, **kw)
+        elif name == "agg":  # the aggregated mode (schema 1.11): its replicas are what runs
+            req = api.make_request("llama-3.1-8b", "60ms", "8704", gpus="h100", policy="colocated",
+                                   tensor_parallel_sizes="1,2", batches=(8, 16, 32, 64), prompt_len="7680",
+                                   output_len="1024", ttft="1s", request_rate=8, deployment_mode="aggregated")
         else:
             raise KeyError(name)
         _PLANS[name] = plan_bytes(api.plan(req).plan)
@@ -78,7 +82,7 @@ def _flag(argv: list[str], name: str) -> str:
 def _exports():
     for target in COLOCATED:
         for version in TARGETS[target].versions:
-            for plan in ("sized", "memory", "workload", "disagg"):
+            for plan in ("sized", "memory", "workload", "disagg", "agg"):
                 yield target, version, plan
 
 
@@ -97,11 +101,24 @@ def test_export_realises_the_plan(target, version, plan, tmp_path):
     own, dep = doc.owners[0], doc.deployment
     pool = None if dep is None else dep.prefill
     decode_gpus = doc.gpus_total if dep is None else dep.gpus_total
+    agg = dep.aggregated if dep is not None and dep.mode == "aggregated" else None
+    if agg is not None:  # the aggregated replicas, not the decode plan, and no prefill pool
+        from types import SimpleNamespace
+
+        assert agg.gpu == own.gpu and (agg.tensor_parallel, agg.batch) != (own.tensor_parallel, own.resident_batch)
+        own = SimpleNamespace(gpu=agg.gpu, tensor_parallel=agg.tensor_parallel, resident_batch=agg.batch)
+        decode_gpus, pool = agg.gpus, None
     gpus = decode_gpus + (0 if pool is None else pool.gpus)  # both pools
     man = json.loads(files["export.json"])
     assert man["deployment"]["gpus_total"] == gpus
-    assert man["deployment"]["copies"] == (1 if dep is None else dep.copies)
-    if dep is not None:
+    assert man["deployment"]["copies"] == (1 if dep is None or agg is not None else dep.copies)
+    if agg is not None:
+        rec = man["deployment"]["aggregated"]
+        assert man["deployment"]["mode"] == man["deployment"]["plan_mode"] == "aggregated"
+        assert (rec["replicas"], rec["gpus"], rec["max_num_seqs"], rec["chunk_tokens"]) == (
+            agg.replicas, agg.gpus, agg.batch, agg.chunk_tokens)
+        assert man["deployment"]["nodes_total"] == math.ceil(agg.replicas / (8 // agg.tensor_parallel))
+    elif dep is not None:
         prefill_nodes = 0 if pool is None else math.ceil(pool.instances / (8 // pool.tensor_parallel))
         assert man["deployment"]["nodes_total"] == dep.nodes_total + prefill_nodes
     servers = [a for a in commands(files) if a[1] == "serve" or "launch_server" in a[2]]
@@ -130,7 +147,7 @@ def test_export_realises_the_plan(target, version, plan, tmp_path):
         gpu = load_hardware().resolve(group.gpu, "gpu")
         usable = usable_bytes(gpu, group.tensor_parallel, utilization=space.gpu_memory_utilization,
                               reserve_gb=space.reserve_gb(group.gpu)) * (1 - (space.memory_headroom or 0))
-        if group is own:
+        if group is own and agg is None:
             assert own.memory_bytes_per_gpu <= usable
         if target == "sglang":
             frac, width = float(_flag(argv, "--mem-fraction-static")), "--context-length"
@@ -143,7 +160,10 @@ def test_export_realises_the_plan(target, version, plan, tmp_path):
                 assert frac == space.gpu_memory_utilization
         if group is own:
             assert _flag(argv, batch_flag) == str(own.resident_batch)
-        else:  # the chunk the pool's prefill times assume
+        if agg is not None:  # the step budget the aggregated replay assumed
+            assert int(_flag(argv, "--chunked-prefill-size" if target == "sglang" else "--max-num-batched-tokens")) \
+                == agg.chunk_tokens
+        elif group is not own:  # the chunk the pool's prefill times assume
             chunk = "--chunked-prefill-size" if target == "sglang" else "--max-num-batched-tokens"
             assert int(_flag(argv, chunk)) == pool.chunk_tokens
         assert int(_flag(argv, width)) == doc.workload.window
@@ -453,3 +473,47 @@ def test_a_disaggregated_benchmark_compares_ttft_with_the_plan(target, tmp_path)
                          env={"RESULT_DIR": str(res), "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, check=True).stdout
     assert "the plan is decode only: no TTFT figure" in out
+
+
+@pytest.mark.parametrize("target", COLOCATED)
+def test_an_aggregated_mode_plan_exports_its_replicas_and_benchmarks_its_arrivals(target, tmp_path):
+    """deployment.mode == aggregated: the files run deployment.aggregated (every replica behind one
+    router, no prefill pool, no decode-plan server) and benchmark.sh sends the plan's arrival rate
+    and compares with the aggregated TTFT and TPOT; vllm-afd refuses, naming a target that runs it."""
+    import subprocess
+
+    from opweave_planner.contract import read_plan
+    from opweave_planner.export import export_plan
+
+    path = _file(tmp_path, "agg")
+    dep = read_plan(path).deployment
+    agg = dep.aggregated
+    _ctx, files = build(path, target)
+    assert not any(n.startswith(("serve-prefill-", "serve-decode-")) for n in files)
+    if target in ("vllm", "sglang"):
+        serve = sorted(n for n in files if n.startswith("serve-replica-"))
+        assert len(serve) == agg.replicas
+        if agg.replicas > 1:
+            router = commands({"router.sh": files["router.sh"]})[0]
+            assert len(router) - router.index("--worker-urls") - 1 == agg.replicas
+    text = files["benchmark.sh"].decode()
+    head = next(line for line in text.splitlines() if line.startswith("python3 - ")).split()
+    assert head[3:5] == [repr(agg.tpot_mean_ms), repr(agg.tpot_ms)]
+    assert head[6:8] == [repr(agg.ttft_ms), repr(dep.prefill.ttft_slo_ms)]
+    bench = next(a for a in commands(files) if "--request-rate" in a)
+    assert float(_flag(bench, "--request-rate")) == dep.arrivals.rate
+    assert json.loads(files["export.json"])["benchmark"]["concurrency"] == agg.replicas * agg.batch
+    if target == "vllm":
+        res = tmp_path / "r"
+        res.mkdir()
+        (res / "tpot.json").write_text(json.dumps({"p50_ttft_ms": 400, "p95_ttft_ms": 500, "p50_tpot_ms": 18,
+                                                   "p95_tpot_ms": 70}))
+        out = subprocess.run(["bash", "-c", text[text.index("python3 - "):]],
+                             env={"RESULT_DIR": str(res), "PATH": "/usr/bin:/bin"},
+                             capture_output=True, text=True, check=True).stdout
+        assert f"vs plan mean {agg.tpot_mean_ms:.2f} ms" in out and f"vs plan p95 {agg.tpot_ms:.2f} ms" in out
+        assert f"vs plan p95 {agg.ttft_ms:.1f} ms" in out and "SLO 60 ms: MISSED at p95" in out
+    done = export_plan(path, target, str(tmp_path / "o"))
+    assert any(f"{agg.replicas} replicas of {agg.gpu} TP{agg.tensor_parallel}" in n for n in done.notes)
+    with pytest.raises(InfeasibleError, match="vllm-afd cannot run an aggregated deployment.*use --to vllm$"):
+        build(path, "vllm-afd")
