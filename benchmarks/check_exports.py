@@ -227,8 +227,11 @@ def main() -> int:
                     for key, jobs in parse_jobs([[a for a in argv if a not in own]]).items():
                         every[f"{runtime}=={release}" if (runtime, release) in by_release else key] += jobs
                 man = json.loads(files["export.json"])
-                rows.append((Path(plan).name, name, version, f"{man['deployment']['copies']} copies, "
-                             f"{man['deployment']['gpus_total']} GPUs", len(argvs), uses, "; ".join(bad) or "0"))
+                d = man["deployment"]
+                shape = (f"aggregated: {d['aggregated']['replicas']} replicas" if d.get("aggregated") else
+                         f"{d['copies']} copies" + (" + prefill pool" if d.get("prefill") else ""))
+                rows.append((Path(plan).name, name, version, f"{shape}, {d['gpus_total']} GPUs", len(argvs), uses,
+                             "; ".join(bad) or "0"))
                 total_bad += len(bad)
     parsed = {}
     pythons = [("vllm", args.vllm_python), ("sglang", args.sglang_python),

@@ -515,5 +515,5 @@ def test_an_aggregated_mode_plan_exports_its_replicas_and_benchmarks_its_arrival
         assert f"vs plan p95 {agg.ttft_ms:.1f} ms" in out and "SLO 60 ms: MISSED at p95" in out
     done = export_plan(path, target, str(tmp_path / "o"))
     assert any(f"{agg.replicas} replicas of {agg.gpu} TP{agg.tensor_parallel}" in n for n in done.notes)
-    with pytest.raises(InfeasibleError, match="vllm-afd cannot run an aggregated deployment.*use --to vllm$"):
+    with pytest.raises(InfeasibleError, match=r"vllm-afd cannot run an aggregated deployment.*use --to vllm$"):
         build(path, "vllm-afd")

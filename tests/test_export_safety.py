@@ -30,6 +30,15 @@ from opweave_planner.export.shell import Var, Word, comment, quote, shell_comman
 COLOCATED = GOLDEN / "llama-3.1-8b_colocated_h100.json"
 MANY_STAGES = GOLDEN / "llama-3.1-8b_afd_h100+a100.json"
 DISAGG = GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8_v1.10.json"  # both pools
+AUTO = GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8-auto_v1.11.json"
+
+
+def aggregated_doc() -> dict:
+    """The v1.11 golden with its aggregated deployment as the mode (as --deployment-mode aggregated
+    records it): the files run deployment.aggregated's replicas."""
+    doc = json.loads(AUTO.read_bytes())
+    doc["deployment"].update(mode="aggregated", deployment_mode="aggregated")
+    return doc
 STUBBED = ("vllm", "vllm-router", "python3")
 _STUB = r"""#!/bin/bash
 log=$(mktemp "$STUB_LOG/call.XXXXXXXX")
@@ -198,7 +207,10 @@ def test_good_model_ids_reach_every_script_as_one_unchanged_argument(model_id, t
     path = model_id.startswith(("/", "./", "../"))
     for target in ("vllm", "sglang", "dynamo") + (() if path else ("llm-d",)):
         out = tmp_path / target
-        for plan in (_replicated(tmp_path, 2), DISAGG):  # and a disaggregated plan's prefill, decode, P/D router
+        agg = tmp_path / "agg.json"
+        agg.write_text(json.dumps(aggregated_doc()))
+        # a disaggregated plan's prefill, decode, P/D router; an aggregated-mode plan's replicas
+        for plan in (_replicated(tmp_path, 2), DISAGG, agg):
             ran = run_cli("export", plan, "--to", target, "--out", out, "--model-id", model_id)
             assert ran.code == 0, ran.err
             assert check_scripts(out, stubs, model_id, [tmp_path / "PWNED"]) >= 1
@@ -521,13 +533,16 @@ def test_a_malformed_alternative_is_no_crash_when_a_refusal_looks_for_one(tmp_pa
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("gpu,words", [("h100\n$(touch {m})", "deployment.prefill.gpu: String should match"),
-                                       ("nosuchgpu", "deployment.prefill.gpu: unknown GPU 'nosuchgpu'")])
-def test_a_bad_prefill_pool_gpu_is_one_line_naming_the_field(gpu, words, tmp_path):
-    """The prefill pool's GPU type reaches scripts (comments) and node labels: refused where it enters."""
+@pytest.mark.parametrize("pool", ["prefill", "aggregated"])
+@pytest.mark.parametrize("gpu,words", [("h100\n$(touch {m})", "deployment.{pool}.gpu: String should match"),
+                                       ("nosuchgpu", "deployment.{pool}.gpu: unknown GPU 'nosuchgpu'")])
+def test_a_bad_prefill_pool_gpu_is_one_line_naming_the_field(gpu, words, pool, tmp_path):
+    """The prefill pool's (or the aggregated replicas') GPU type reaches scripts (comments) and node
+    labels: refused where it enters."""
     marker = tmp_path / "PWNED"
-    doc = json.loads(DISAGG.read_bytes())
-    doc["deployment"]["prefill"]["gpu"] = gpu.replace("{m}", str(marker))
+    doc = json.loads(DISAGG.read_bytes()) if pool == "prefill" else aggregated_doc()
+    words = words.replace("{pool}", pool)
+    doc["deployment"][pool]["gpu"] = gpu.replace("{m}", str(marker))
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(doc))
     for target in ("vllm", "sglang", "dynamo", "llm-d"):

@@ -21,7 +21,7 @@ import pytest
 from conftest import AFD_PLAN, budget, run_cli
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_export_safety import DISAGG, MANY_STAGES, Stubs, check_scripts, replicated
+from test_export_safety import DISAGG, MANY_STAGES, Stubs, aggregated_doc, check_scripts, replicated
 from test_fuzz_cli import check
 
 from opweave_planner.export.documents import to_yaml
@@ -81,7 +81,8 @@ def _deepseek_afd() -> dict:
 
 PLANS = {"one": lambda: replicated(1), "two": lambda: replicated(2), "three": lambda: replicated(3),
          "deepseek-afd": _deepseek_afd, "llama-afd": lambda: json.loads(AFD_PLAN.read_bytes()),
-         "disagg": lambda: json.loads(DISAGG.read_bytes())}  # prefill + decode pools, P/D router
+         "disagg": lambda: json.loads(DISAGG.read_bytes()),  # prefill + decode pools, P/D router
+         "agg": aggregated_doc}  # deployment.mode aggregated: its replicas, no prefill pool
 
 
 def _run_export(tmp_path_factory, doc: dict, target: str, extra: list[str], model_id: str | None):
@@ -128,8 +129,9 @@ def _strings(obj) -> set[str]:
 
 
 # (plan, target) pairs: mostly ones the target can run, so the scripts are rendered and run
-RUNNABLE = [(p, t) for p in ("one", "two", "three", "disagg") for t in ("vllm", "sglang", "dynamo", "llm-d")]
-REFUSED = [("one", "vllm-afd"), ("llama-afd", "vllm-afd"), ("deepseek-afd", "vllm"), ("llama-afd", "dynamo")]
+RUNNABLE = [(p, t) for p in ("one", "two", "three", "disagg", "agg") for t in ("vllm", "sglang", "dynamo", "llm-d")]
+REFUSED = [("one", "vllm-afd"), ("llama-afd", "vllm-afd"), ("deepseek-afd", "vllm"), ("llama-afd", "dynamo"),
+           ("agg", "vllm-afd")]
 SHAPES = st.sampled_from(RUNNABLE + [("deepseek-afd", "vllm-afd")] * 3 + REFUSED)  # sampled evenly
 
 
@@ -149,8 +151,9 @@ def test_fuzz_hostile_plan_names_into_every_exporter(tmp_path_factory, shape, na
     doc = PLANS[plan]()
     if field == "gpu":
         doc["owners"][0]["gpu"] = name
-    elif field == "prefill gpu":  # the prefill pool's GPU type (a disaggregated plan; else the owner's)
-        pool = (doc.get("deployment") or {}).get("prefill")
+    elif field == "prefill gpu":  # the pool's GPU type (prefill or aggregated replicas; else the owner's)
+        dep = doc.get("deployment") or {}
+        pool = dep.get("aggregated") if dep.get("mode") == "aggregated" else dep.get("prefill")
         (pool if pool is not None else doc["owners"][0])["gpu"] = name
     else:
         doc[field] = name

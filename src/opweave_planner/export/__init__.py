@@ -197,6 +197,8 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
                   model_id=mid,
                   spec=spec, hw=hw, labels=labels, image=image, alternative=alt,
                   base_cost=base_cost, deployment=_deployment(plan, raw, alt, hw))
+    if ctx.aggregated is not None:
+        hw.resolve(ctx.aggregated.gpu, f"{plan_path}: deployment.aggregated.gpu")
     for o in ctx.owners:
         ctx.gpu(o.gpu)  # a GPU type the catalog lacks is a bad input, named here
     if ctx.prefill is not None:
