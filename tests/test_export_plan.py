@@ -517,3 +517,31 @@ def test_an_aggregated_mode_plan_exports_its_replicas_and_benchmarks_its_arrival
     assert any(f"{agg.replicas} replicas of {agg.gpu} TP{agg.tensor_parallel}" in n for n in done.notes)
     with pytest.raises(InfeasibleError, match=r"vllm-afd cannot run an aggregated deployment.*use --to vllm$"):
         build(path, "vllm-afd")
+
+
+def test_the_other_deployment_mode_exports_on_request(tmp_path):
+    """build(deployment_mode=...): a plan that searched both modes exports either; a mode the plan
+    does not record, or an unknown one, is one line naming the option."""
+    from opweave_planner.contract import read_plan
+
+    auto = GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024-ttft1s-rate8-auto_v1.11.json"
+    dep = read_plan(auto).deployment
+    assert dep.mode == "disaggregated"
+    _ctx, files = build(str(auto), "vllm", deployment_mode="aggregated")
+    agg = dep.aggregated
+    serve = sorted(n for n in files if n.startswith("serve-replica-"))
+    assert len(serve) == agg.replicas and not any(n.startswith("serve-prefill-") for n in files)
+    argv = commands({"s.sh": files[serve[0]]})[0]
+    assert int(_flag(argv, "--max-num-batched-tokens")) == agg.chunk_tokens
+    assert int(_flag(argv, "--max-num-seqs")) == agg.batch
+    man = json.loads(files["export.json"])["deployment"]
+    assert (man["plan_mode"], man["exported_mode"], man["gpus_total"]) == ("disaggregated", "aggregated", agg.gpus)
+    path = _file(tmp_path, "agg")
+    other = read_plan(path).deployment
+    _ctx, files = build(path, "sglang", deployment_mode="disaggregated")
+    assert len([n for n in files if n.startswith("serve-prefill-")]) == other.prefill.instances
+    assert json.loads(files["export.json"])["deployment"]["gpus_total"] == other.gpus_total + other.prefill.gpus
+    with pytest.raises(UserError, match="--deployment-mode: 'mixed' unknown"):
+        build(path, "vllm", deployment_mode="mixed")
+    with pytest.raises(UserError, match="records no aggregated deployment"):
+        build(_file(tmp_path, "sized"), "vllm", deployment_mode="aggregated")

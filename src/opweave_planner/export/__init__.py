@@ -149,8 +149,11 @@ def _replan_advice(alt: str) -> str:
 
 def build(plan_path: str, target: str, *, runtime_version: str | None = None, alternative: str | None = None,
           model_id: str | None = None, model: str | None = None, node_labels: tuple[str, ...] = (),
-          image: str | None = None, catalog: str | None = None) -> tuple[Context, dict[str, bytes]]:
-    """Every file of the export, in memory (nothing is written)."""
+          image: str | None = None, catalog: str | None = None,
+          deployment_mode: str | None = None) -> tuple[Context, dict[str, bytes]]:
+    """Every file of the export, in memory (nothing is written). `deployment_mode`: export that
+    mode of a plan that records both (aggregated: deployment.aggregated's replicas; disaggregated:
+    the decode copies and the prefill pool) instead of the plan's `deployment.mode`."""
     from opweave_planner.contract import parse_plan
     from opweave_planner.inputs.hardware import load_hardware
     from opweave_planner.inputs.model import load_model
@@ -196,7 +199,8 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
     ctx = Context(plan=plan, raw=raw, path=plan_path, target=runtime, version=version, release=release,
                   model_id=mid,
                   spec=spec, hw=hw, labels=labels, image=image, alternative=alt,
-                  base_cost=base_cost, deployment=_deployment(plan, raw, alt, hw))
+                  base_cost=base_cost, deployment=_deployment(plan, raw, alt, hw),
+                  deployment_mode=_check_mode(deployment_mode, plan, plan_path))
     if ctx.aggregated is not None:
         hw.resolve(ctx.aggregated.gpu, f"{plan_path}: deployment.aggregated.gpu")
     for o in ctx.owners:
@@ -207,6 +211,24 @@ def build(plan_path: str, target: str, *, runtime_version: str | None = None, al
     files = runtime.render(ctx)
     files[MANIFEST] = _manifest(ctx, files, plan_data)
     return ctx, files
+
+
+MODES = ("aggregated", "disaggregated")
+
+
+def _check_mode(mode: str | None, plan, path: str) -> str | None:
+    """The deployment mode asked for, when the plan records that mode's deployment."""
+    if mode is None:
+        return None
+    if mode not in MODES:
+        raise UserError(f"--deployment-mode: '{shown(str(mode))}' unknown; expected one of {', '.join(MODES)}")
+    dep = plan.deployment
+    have = None if dep is None else dep.aggregated if mode == "aggregated" else dep.prefill
+    if have is None:
+        raise UserError(f"--deployment-mode: {path} records no {mode} deployment (deployment."
+                        f"{'aggregated' if mode == 'aggregated' else 'prefill'}); plan with --ttft and "
+                        f"--request-rate (or --target-tokens-per-s) to search both modes")
+    return mode
 
 
 def _hub_id(plan) -> str | None:
@@ -292,12 +314,13 @@ def _manifest(ctx: Context, files: dict[str, bytes], plan_bytes: bytes) -> bytes
             # what the files run (a plan without a prefill pool runs aggregated decode servers)
             "mode": "disaggregated" if ctx.prefill is not None and ctx.target.writes_prefill else "aggregated",
             "prefill": _prefill_record(ctx),
-            "chunk_tokens": chunk_tokens_of(p),
+            "chunk_tokens": chunk_tokens_of(p, ctx.mode),
             "owners": [{"owner": o.index, "gpu": o.gpu, "tensor_parallel": o.tensor_parallel,
                         "replicas": len(ctx.placement(o)), "resident_batch": o.resident_batch,
                         "memory_fraction": ctx.memory_fraction(o), "static_fraction": ctx.static_fraction(o)}
                        for o in ctx.owners],
             "plan_mode": None if dep is None else dep.mode,
+            "exported_mode": ctx.mode,  # the plan's, or the one --deployment-mode asked for
             "aggregated": _aggregated_record(ctx),
             "max_model_len": p.workload.window,
         },

@@ -124,6 +124,13 @@ class Context:
     deployment: Any = None  # the plan's Deployment (sizing), or None: one copy
     release: str | None = None  # the release asked for (`version` is the flag table written for it)
     probing: bool = False  # checking whether an alternative fits: refusals name no other alternative
+    deployment_mode: str | None = None  # the mode to export of a plan that searched both (None: the plan's)
+
+    @property
+    def mode(self) -> str | None:
+        """The deployment mode the files run: the one asked for, else the plan's `deployment.mode`."""
+        dep = self.deployment
+        return None if dep is None else self.deployment_mode or getattr(dep, "mode", None)
 
     def gpu(self, gid: str):
         return self.hw.resolve(gid, f"{self.path}: owners[].gpu")
@@ -132,8 +139,7 @@ class Context:
     def aggregated(self):
         """The aggregated deployment (schema 1.11) when it is the plan's mode: the export runs its
         replicas, not the decode plan's owners (those are the disaggregated alternative's)."""
-        dep = self.deployment
-        return dep.aggregated if dep is not None and getattr(dep, "mode", None) == "aggregated" else None
+        return self.deployment.aggregated if self.mode == "aggregated" else None
 
     @cached_property
     def owners(self) -> tuple:
@@ -198,8 +204,7 @@ class Context:
     def prefill(self):
         """The prefill pool a disaggregated plan records beside its decode copies (schema 1.10),
         which the export deploys too; None for a plan whose decode servers prefill themselves."""
-        dep = self.deployment
-        return dep.prefill if dep is not None and getattr(dep, "mode", None) == "disaggregated" else None
+        return self.deployment.prefill if self.mode == "disaggregated" else None
 
     @cached_property
     def prefill_placement(self) -> list[Replica]:

@@ -44,15 +44,17 @@ def hf_repo(model: str) -> str | None:
 
 
 
-def chunk_tokens_of(plan) -> int | None:
+def chunk_tokens_of(plan, mode: str | None = None) -> int | None:
     """The prefill chunk (tokens per scheduler step) the plan's prefill times assume, where it
     records one: an aggregated-mode plan's step budget (schema 1.11, `deployment.aggregated.
     chunk_tokens`, decodes and prefill chunks together), else a disaggregated plan's prefill pool
     (schema 1.10, `deployment.prefill.chunk_tokens`; 0 = whole prompts in one step). None: the plan
-    models no prefill. Every exporter reads the chunk here, so a plan key that records another
-    mode's chunk is added in this one place."""
+    models no prefill. `mode`: the deployment mode exported (`Context.mode`; None: the plan's).
+    Every exporter reads the chunk here, so a plan key that records another mode's chunk is added
+    in this one place."""
     dep = plan.deployment
-    if dep is not None and getattr(dep, "mode", None) == "aggregated" and dep.aggregated is not None:
+    mode = mode or getattr(dep, "mode", None)
+    if dep is not None and mode == "aggregated" and dep.aggregated is not None:
         return dep.aggregated.chunk_tokens
     pool = getattr(dep, "prefill", None) if dep is not None else None
     return None if pool is None else pool.chunk_tokens

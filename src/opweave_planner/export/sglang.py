@@ -44,7 +44,7 @@ def chunk_args(ctx: Context, flags: dict[str, str]) -> list[str]:
     """`--chunked-prefill-size`: the chunk the plan assumed (`chunk_tokens_of`; 0, whole prompts,
     is SGLang's -1); nothing for a plan that records none (SGLang's default follows its own GPU
     memory tiers, which are not the latency model's vLLM rule on A100, L40S or B200)."""
-    chunk = chunk_tokens_of(ctx.plan)
+    chunk = chunk_tokens_of(ctx.plan, ctx.mode)
     if chunk is None:
         return []
     return [flags["chunk"], str(chunk) if chunk else "-1"]

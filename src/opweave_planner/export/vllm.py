@@ -79,7 +79,7 @@ def chunk_args(ctx: Context, gpu_id: str, release: str, flags: dict[str, str]) -
     records none gets vLLM's own default made explicit where it is the latency model's
     (`default_chunk_tokens`: 8192 on >= 70 GiB GPUs other than A100, else 2048, as every table
     release sets it), nothing where the release's differs (0.33 gives >= 160 GiB GPUs 16384)."""
-    chunk = chunk_tokens_of(ctx.plan)
+    chunk = chunk_tokens_of(ctx.plan, ctx.mode)
     if chunk is None:
         from opweave_planner.latency.prefill import default_chunk_tokens
 
