@@ -541,6 +541,14 @@ def test_the_other_deployment_mode_exports_on_request(tmp_path):
     _ctx, files = build(path, "sglang", deployment_mode="disaggregated")
     assert len([n for n in files if n.startswith("serve-prefill-")]) == other.prefill.instances
     assert json.loads(files["export.json"])["deployment"]["gpus_total"] == other.gpus_total + other.prefill.gpus
+    from conftest import assert_one_line_error, run_cli
+
+    ran = run_cli("export", auto, "--to", "dynamo", "--out", tmp_path / "o", "--deployment-mode", "aggregated")
+    assert ran.code == 0 and "(--deployment-mode aggregated;" in ran.err, ran.err
+    ran = run_cli("export", GOLDEN / "llama-3.1-8b_colocated_h100.json", "--to", "vllm", "--out", tmp_path / "n",
+                  "--deployment-mode", "aggregated")
+    assert_one_line_error(ran, 2, "--deployment-mode:", "records no aggregated deployment")
+    assert not (tmp_path / "n").exists()
     with pytest.raises(UserError, match="--deployment-mode: 'mixed' unknown"):
         build(path, "vllm", deployment_mode="mixed")
     with pytest.raises(UserError, match="records no aggregated deployment"):

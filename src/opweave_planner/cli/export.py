@@ -30,6 +30,9 @@ def export_cmd(
                                               "(repeatable; Kubernetes targets)"),
     image: str = typer.Option(None, "--image", help="Container image (Kubernetes targets)"),
     catalog: str = typer.Option(None, "--catalog", help="TOML/JSON file adding GPU types"),
+    deployment_mode: str = typer.Option(None, "--deployment-mode",
+                                        help="aggregated or disaggregated: export that mode of a plan that "
+                                             "searched both (default: the plan's deployment.mode)"),
 ) -> None:
     """Write launch scripts / manifests that run a plan on a serving runtime, plus a benchmark.
 
@@ -41,7 +44,7 @@ def export_cmd(
 
     done = export_plan(plan, to, out, runtime_version=runtime_version, alternative=alternative,
                        model_id=model_id, model=model, node_labels=tuple(node_label), image=image,
-                       catalog=catalog)
+                       catalog=catalog, deployment_mode=deployment_mode)
     alt = f" (alternative {done.alternative})" if done.alternative else ""
     typer.echo(f"{done.target} {done.version}{alt}: wrote {len(done.files)} files to {done.out}"
                + "".join(f"; {note}" for note in done.notes), err=True)

@@ -279,10 +279,12 @@ def sizing_note(ctx: Context) -> str:
                 f"--target-tokens-per-s or --target-concurrency to deploy more")
     agg = ctx.aggregated
     if agg is not None:
+        why = "the plan's mode" if ctx.deployment_mode is None else "--deployment-mode aggregated"
         return (f"the plan's aggregated deployment: {len(ctx.placement(ctx.owners[0]))} replicas of {agg.gpu} "
-                f"TP{agg.tensor_parallel} ({gpus} GPUs on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}), each prefilling and decoding "
-                f"{agg.batch} requests with a {agg.chunk_tokens}-token chunk budget, no prefill pool (the "
-                f"plan's mode; its disaggregated alternative is the decode plan and prefill pool beside it)")
+                f"TP{agg.tensor_parallel} ({gpus} GPUs on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}), "
+                f"each prefilling and decoding {agg.batch} requests with a {agg.chunk_tokens}-token chunk "
+                f"budget, no prefill pool ({why}; the plan's disaggregated deployment is its decode plan and "
+                f"prefill pool)")
     pool = ctx.prefill
     if pool is not None and ctx.target.writes_prefill:
         return (f"{dep.copies} copies of the plan (the decode pool) and its prefill pool ({pool.instances}x "
