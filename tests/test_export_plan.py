@@ -428,20 +428,20 @@ def test_flag_tables_hold_every_flag_the_exporters_name():
     assert "--enable-dbo" not in TABLES["vllm"]["0.10.2"]["serve"]  # the tables are not one list
 
 
-def test_check_exports_offline_part_finds_no_rejection_and_catches_one():
-    """The script's offline part over the goldens and every target: flags in the tables, manifests
-    valid; a flag no release has is caught."""
+def test_check_exports_offline_part_finds_no_rejection_and_catches_one(tmp_path):
+    """The script's offline part over the goldens and an aggregated-mode plan, every target: flags
+    in the tables, manifests valid; a flag no release has is caught."""
     tables, schemas = json.loads(CHECK.TABLES.read_text()), CHECK.validators()
     checked = 0
     for plan in (GOLDEN / "llama-3.1-8b_colocated_h100.json",
-                 GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024_v1.7.json"):
+                 GOLDEN / "llama-3.1-8b_colocated_h100-isl7680-osl1024_v1.7.json", Path(_file(tmp_path, "agg"))):
         for name in COLOCATED:
             for version in TARGETS[name].versions:
                 _ctx, files = build(str(plan), name, runtime_version=version)
                 uses, bad = CHECK.offline(files, name, version, tables, schemas)
                 assert uses > 10 and bad == [], (plan.name, name, version, bad)
                 checked += 1
-    assert checked == 2 * sum(len(TARGETS[n].versions) for n in COLOCATED)
+    assert checked == 3 * sum(len(TARGETS[n].versions) for n in COLOCATED)
     _uses, bad = CHECK.offline({"x.sh": b"exec vllm serve m --no-such-flag 1\n"}, "vllm", "0.33.0", tables, schemas)
     assert bad == ["vllm 0.33.0 serve: --no-such-flag"]
 
