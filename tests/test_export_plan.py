@@ -553,3 +553,19 @@ def test_the_other_deployment_mode_exports_on_request(tmp_path):
         build(path, "vllm", deployment_mode="mixed")
     with pytest.raises(UserError, match="records no aggregated deployment"):
         build(_file(tmp_path, "sized"), "vllm", deployment_mode="aggregated")
+
+
+def test_the_aggregated_memory_budget_is_the_one_its_search_used(tmp_path):
+    """The usable bytes an export's memory flags derive from (Context.usable_bytes over the
+    recorded space) equal those the aggregated search fitted each replica's weights and KV in
+    (compile.tables.usable_per_gpu over the recorded request), so the flags are the plan's budget."""
+    from opweave_planner.compile.tables import usable_per_gpu
+    from opweave_planner.contract import read_plan, recorded_request
+
+    path = _file(tmp_path, "agg")
+    plan = read_plan(path)
+    ctx, _files = build(path, "vllm")
+    group = ctx.owners[0]
+    req = recorded_request(plan)
+    assert math.isclose(ctx.usable_bytes(group), usable_per_gpu(ctx.gpu(group.gpu), group.tensor_parallel, req),
+                        rel_tol=1e-9)
