@@ -21,8 +21,8 @@ from opweave_planner.compile.problem import (
     check_problem,
     typed_part,
 )
-from opweave_planner.compile.tables import Tables, build_tables, stages
-from opweave_planner.compile.traffic import build_traffic, workload_of
+from opweave_planner.compile.tables import Tables, build_tables, searched_batches, stages
+from opweave_planner.compile.traffic import Reserves, build_traffic, workload_of
 from opweave_planner.inputs.hardware import Hardware, load_hardware
 from opweave_planner.inputs.model import ModelSpec, load_model
 from opweave_planner.inputs.request import PlanRequest
@@ -98,8 +98,10 @@ def compile_request(req: PlanRequest, hw: Hardware | None = None, model: ModelSp
     hw = hw or hardware_for(req)
     seq = build_sequence(model or load_model(req.model))
     wl = workload_of(req)
-    wa = build_traffic(req, wl) if req.stochastic else None
-    tables = build_tables(seq, hw, req, wa)
+    reserves = Reserves(req, wl) if req.stochastic else None
+    batches = searched_batches(seq, hw, req, wl if req.stochastic else None, reserves)  # grid + memory caps
+    wa = build_traffic(req, wl, batches, reserves) if req.stochastic else None
+    tables = build_tables(seq, hw, req, wa, batches)
     return Compiled(request=req, hw=hw, seq=seq, workload=wl, tables=tables._replace(
         per_config=typed_part(tables.per_config), fabric=typed_part(tables.fabric), grid=typed_part(tables.grid),
         traffic=typed_part(tables.traffic)))

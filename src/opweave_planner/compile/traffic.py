@@ -70,11 +70,28 @@ class WorkloadArrays:
     units: np.ndarray  # float64[max B + 1]: context tokens reserved for n requests
 
 
-def resident_counts(req: PlanRequest) -> list[int]:
-    """Every mu x b a replica can hold on the request's grid."""
-    grid = microbatch_grid(req)
+def resident_counts(req: PlanRequest, batches: tuple[int, ...] | None = None) -> list[int]:
+    """Every mu x b a replica can hold on the searched batch set (default: the request's grid)."""
+    grid = microbatch_grid(req, batches)
     top = max(req.batches)
     return sorted({mu * b for mu in range(1, req.max_microbatches + 1) for b in grid if mu * b <= top})
+
+
+class Reserves:
+    """units[n], the context tokens reserved for n resident requests, computed on first use and
+    kept: the batch caps (compile/space.py) probe a few counts, `build_traffic` fills the rest."""
+
+    def __init__(self, req: PlanRequest, wl: ContextLaw) -> None:
+        self.req, self.wl, self._done = req, wl, {}
+
+    def __getitem__(self, n: int) -> float:
+        n = int(n)
+        if n not in self._done:
+            req, wl = self.req, self.wl
+            tail = kv_sum_bounds(wl, n, req.kv_quantile, 1.0, grid=KV_SUM_GRID)[1]
+            events = kv_events(wl, n, EVENT_GRID).reserve(req.preemptions_per_request)
+            self._done[n] = max(tail, events, wl.max_context + (n - 1) * wl.min_context)
+        return self._done[n]
 
 
 def lower_context(cs: np.ndarray, batches, max_mu: int, max_rep: int, pct: float) -> float:
@@ -111,19 +128,21 @@ def _knots(wl: ContextLaw, extra: tuple[float, ...]) -> np.ndarray:
     return np.unique(np.round(pts))
 
 
-def build_traffic(req: PlanRequest, wl: ContextLaw) -> WorkloadArrays:
-    """The arrays of a workload request (`wl`: its `workload_of`)."""
+def build_traffic(req: PlanRequest, wl: ContextLaw, batches: tuple[int, ...] | None = None,
+                  reserves: Reserves | None = None) -> WorkloadArrays:
+    """The arrays of a workload request (`wl`: its `workload_of`) over the searched batch set
+    (`batches`, default the request's grid; `reserves`: counts already computed)."""
+    batches = req.batches if batches is None else batches
+    reserves = Reserves(req, wl) if reserves is None else reserves
     top = max(req.batches)
     draws = scenarios(wl, req.scenarios, top, req.seed)
     cs = np.zeros((req.scenarios, top + 1))
     cs[:, 1:] = np.cumsum(draws, axis=1)
     pct = req.percentile / 100.0
-    c_lb = lower_context(cs, req.batches, req.max_microbatches, req.max_replicas, pct)
+    c_lb = lower_context(cs, batches, req.max_microbatches, req.max_replicas, pct)
     units = np.arange(top + 1, dtype=np.float64) * wl.max_context  # never read: every count is filled below
-    for n in resident_counts(req):
-        tail = kv_sum_bounds(wl, n, req.kv_quantile, 1.0, grid=KV_SUM_GRID)[1]
-        events = kv_events(wl, n, EVENT_GRID).reserve(req.preemptions_per_request)
-        units[n] = max(tail, events, wl.max_context + (n - 1) * wl.min_context)
+    for n in resident_counts(req, batches):
+        units[n] = reserves[n]
     return WorkloadArrays(workload=wl, scen_cs=cs, knots=_knots(wl, (wl.theta,)), c_lb=c_lb, pct=pct, units=units)
 
 
