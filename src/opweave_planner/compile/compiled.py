@@ -76,8 +76,10 @@ class Compiled:
         limits = Limits(slo=req.slo_ms * 1e3 if slo_us is None else slo_us, max_gpus=req.max_gpus,
                         max_nodes=float("inf") if req.max_nodes is None else req.max_nodes,
                         latency_objective=latency_objective, prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS))
-        grid = t.grid if batches is None else t.grid._replace(batches=np.array(batches, np.int64))
-        p = Problem(stages=typed_part(stages(self.seq, self.stage_plan(template), t, only_gpu)),
+        splan = self.stage_plan(template)
+        own = t.colocated_grid if splan.n_stages == 1 else t.grid  # the SLO caps: one-stage plans only
+        grid = own if batches is None else t.grid._replace(batches=np.array(batches, np.int64))
+        p = Problem(stages=typed_part(stages(self.seq, splan, t, only_gpu)),
                     configs=t.per_config, fabric=t.fabric, grid=grid, limits=typed_part(limits), traffic=t.traffic)
         # the shared parts are typed once and checked with the first template; per template, its own
         if not self._cache.get("checked"):
@@ -99,9 +101,10 @@ def compile_request(req: PlanRequest, hw: Hardware | None = None, model: ModelSp
     seq = build_sequence(model or load_model(req.model))
     wl = workload_of(req)
     reserves = Reserves(req, wl) if req.stochastic else None
-    batches = searched_batches(seq, hw, req, wl if req.stochastic else None, reserves)  # grid + memory caps
-    wa = build_traffic(req, wl, batches, reserves) if req.stochastic else None
-    tables = build_tables(seq, hw, req, wa, batches)
+    batches, colocated = searched_batches(seq, hw, req, wl if req.stochastic else None, reserves)  # grid + caps
+    wa = build_traffic(req, wl, colocated, reserves) if req.stochastic else None
+    tables = build_tables(seq, hw, req, wa, batches, colocated)
     return Compiled(request=req, hw=hw, seq=seq, workload=wl, tables=tables._replace(
         per_config=typed_part(tables.per_config), fabric=typed_part(tables.fabric), grid=typed_part(tables.grid),
+        colocated_grid=typed_part(tables.colocated_grid),
         traffic=typed_part(tables.traffic)))

@@ -1,17 +1,21 @@
 """The search space a request spans, beyond its own fields: the batch set, microbatch sizes and
 node sizes.
 
-The batch set is the request's grid (`--batches`) plus its **caps**: for every configuration c
-and microbatch count mu, the largest mu x b (b the microbatch, mu x b at most the grid's
-largest batch) at which one replica of c holding the whole model still fits its memory, and
-the largest at which it still meets the SLO. A runtime takes any integer `--max-num-seqs`, so
-a memory- or SLO-bound plan would otherwise stop at the grid point below its cap. Every
-template is searched over grid + caps, exactly (docs/search.md#batches).
+A runtime takes any integer `--max-num-seqs`, so a memory- or SLO-bound plan would otherwise
+stop at the grid point below its cap. The batch set is the request's grid (`--batches`) plus
+its **caps**: for every configuration c and microbatch count mu, with b the microbatch and mu x
+b at most the grid's largest batch, where one replica of c holding the whole model stops:
+
+* the memory cap, the largest mu x b that fits its memory: searched by every template;
+* the SLO caps (a fixed context), the largest mu x b whose one-stage TPOT mu x t(b) meets the
+  SLO and the cheapest such one (least t(b)/b): searched by the one-stage (colocated)
+  template only, so that loosening the SLO never raises cost (docs/search.md#batches).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,37 +53,48 @@ def largest_fitting(fits, hi: int) -> int:
     return lo
 
 
-def batch_caps(req: PlanRequest, n_configs: int, fits, stream=None) -> set[int]:
+class Caps(NamedTuple):
+    """The caps of a request's configurations (see the module docstring)."""
+
+    memory: frozenset[int]  # searched by every template
+    slo: frozenset[int]  # searched by the one-stage (colocated) template only
+
+
+def batch_caps(req: PlanRequest, n_configs: int, fits, stream=None) -> Caps:
     """Per configuration c and mu, the batches mu x b where one replica holding the whole model
-    stops: the largest b that fits its memory (`fits(c, mu, b)`, monotone in b), and (`stream`
-    given: `stream(c, b)`, an array over b = 1.. of its stage time in µs) the largest b up to
-    that whose compute stream mu x stage time meets the SLO, found by a scan (no monotonicity
-    assumed); for a one-stage plan that stream is its TPOT. More replicas of one replica cost
-    the same per token on more GPUs, so one replica's caps are a colocated plan's."""
+    stops. Memory: the largest b that fits (`fits(c, mu, b)`, monotone in b). SLO (`stream`
+    given: `stream(c, top)`, the one-stage time in µs at b = 1..top): among the b up to that
+    whose compute stream mu x t(b) meets the SLO (the one-stage plan's TPOT), the largest, and
+    the cheapest per token (least t(b)/b, the largest on ties), by a scan: no monotonicity of
+    t is assumed. More replicas of one replica cost the same per token on more GPUs, so one
+    replica's caps are a colocated plan's."""
     top, slo = max(req.batches), req.slo_ms * 1e3 * (1 + PRUNE_EPS)
-    caps = set()
+    memory, by_slo = set(), set()
     for c in range(n_configs):
         times = None
         for mu in range(1, req.max_microbatches + 1):
             b = largest_fitting(lambda b, c=c, mu=mu: fits(c, mu, b), top // mu)
             if not b:
                 continue
-            caps.add(mu * b)
+            memory.add(mu * b)
             if stream is None:
                 continue
             if times is None:
-                times = np.asarray(stream(c, b))  # mu = 1 has the largest b
+                times = np.asarray(stream(c, b), np.float64)  # mu = 1 fits the largest b
             ok = np.flatnonzero(mu * times[:b] <= slo)
             if ok.size:
-                caps.add(mu * (int(ok[-1]) + 1))
-    return caps
+                per_token = times[ok] / (ok + 1)
+                cheapest = ok[np.flatnonzero(per_token == per_token.min())[-1]]
+                by_slo |= {mu * (int(ok[-1]) + 1), mu * (int(cheapest) + 1)}
+    return Caps(memory=frozenset(memory), slo=frozenset(by_slo))
 
 
-def batch_set(req: PlanRequest, caps: Iterable[int]) -> tuple[int, ...]:
+def batch_set(req: PlanRequest, *caps: Iterable[int]) -> tuple[int, ...]:
     """The searched batches: the request's grid (ascending), then the caps not on it, ascending.
     Caps come after the grid, so on an exact tie of cost and GPUs a grid plan wins as before."""
     grid = tuple(req.batches)
-    return grid + tuple(sorted(set(caps) - set(grid)))
+    extra = set().union(*caps) - set(grid)
+    return grid + tuple(sorted(extra))
 
 
 def node_size(gpu: GpuType, req: PlanRequest) -> int:

@@ -45,7 +45,8 @@ class Tables(NamedTuple):
     mb_grid: tuple[int, ...]
     per_config: Configs
     fabric: Fabric
-    grid: Grid  # at the request's batches
+    grid: Grid  # at the searched batches: the request's grid and the memory caps (compile/space.py)
+    colocated_grid: Grid  # the one-stage template's: those and the SLO caps (same microbatch grid)
     traffic: Traffic
     moe_pref: np.ndarray  # int64[N+1]: routed-expert operators before each position (owner rule)
     expert_parallel: np.ndarray  # bool[C]: the config shards routed experts
@@ -123,10 +124,11 @@ def stage_fixed(configs: tuple[Config, ...], req: PlanRequest) -> np.ndarray:
 
 
 def searched_batches(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wl: ContextLaw | None,
-                     units=None) -> tuple[int, ...]:
-    """The batch set the search walks: the request's grid plus the caps of its configurations
-    (compile/space.py; `wl` None for --ctx, else the workload and `units` its `traffic.Reserves`,
-    whose caps are memory caps only: its TPOT is a percentile over scenarios, not one stream)."""
+                     units=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The batch sets the search walks, (every template's, the one-stage template's): the
+    request's grid plus the caps of its configurations (compile/space.py; `wl` None for --ctx,
+    else the workload and `units` its `traffic.Reserves`: a workload has memory caps only, its
+    TPOT being a percentile over scenarios, not one stream)."""
     configs = configurations(seq, hw, req)
     mem = memory_parts(seq, configs, req, wl)
     units = fixed_units(max(req.batches)) if wl is None else units
@@ -146,15 +148,17 @@ def searched_batches(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wl: 
         pref[1:] = np.cumsum(lat, axis=0)
         return stage_time(pref, 0, seq.n, fixed[c])
 
-    return batch_set(req, batch_caps(req, len(configs), fits, stream if wl is None else None))
+    caps = batch_caps(req, len(configs), fits, stream if wl is None else None)
+    return batch_set(req, caps.memory), batch_set(req, caps.memory, caps.slo)
 
 
 def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: WorkloadArrays | None,
-                 batches: tuple[int, ...] | None = None) -> Tables:
+                 batches: tuple[int, ...] | None = None, colocated: tuple[int, ...] | None = None) -> Tables:
     """The request's configurations as arrays (`wa`: its workload's arrays, None for --ctx) over
-    the searched batch set (`batches`: default the request's grid alone)."""
+    the searched batch sets (`searched_batches`; default the request's grid alone)."""
     batches = req.batches if batches is None else batches
-    configs, mb_grid = configurations(seq, hw, req), microbatch_grid(req, batches)
+    colocated = batches if colocated is None else colocated
+    configs, mb_grid = configurations(seq, hw, req), microbatch_grid(req, (*batches, *colocated))
     mem = memory_parts(seq, configs, req, None if wa is None else wa.workload)
     context = context_of(req, None if wa is None else wa.workload)
     knots = np.zeros(0) if wa is None else wa.knots
@@ -193,7 +197,8 @@ def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: Work
         units=wa.units, knots=knots, kpref=kpref, scen_cs=wa.scen_cs, knot_free=knot_free(knot_lat, c_n),
         pct=wa.pct, theta=wa.workload.theta)
     return Tables(configs=configs, mb_grid=mb_grid, per_config=per_config, fabric=fabric,
-                  grid=grid(mb_grid, batches, req.max_microbatches, req.max_replicas), traffic=traffic,
+                  grid=grid(mb_grid, batches, req.max_microbatches, req.max_replicas),
+                  colocated_grid=grid(mb_grid, colocated, req.max_microbatches, req.max_replicas), traffic=traffic,
                   moe_pref=moe_pref, expert_parallel=np.array([c.parallel.moe_ep for c in configs], bool))
 
 
