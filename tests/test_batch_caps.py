@@ -20,9 +20,9 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import test_search_exact as harness  # the brute force, the kernel runner and the instances
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from test_search_exact import SETTINGS, assert_kernel_matches, brute_force, instances, problem_of, run_kernel
 
 from opweave_planner.compile.problem import memory_need, stage_time
 from opweave_planner.compile.space import batch_caps, batch_set
@@ -37,7 +37,7 @@ REL = 1e-9
 def fine_instances(draw, one_stage=None):
     """A test_search_exact instance whose microbatch grid is every integer up to its top batch,
     latencies drawn per (config, microbatch, operator); half of them (or as asked) one-stage."""
-    inst = draw(instances())
+    inst = draw(harness.instances())
     if one_stage if one_stage is not None else draw(st.booleans()):
         n_ops = inst["pref"].shape[2] - 1
         inst.update(stage_owner=np.array([0], np.int64), stage_start=np.array([0], np.int64),
@@ -63,7 +63,7 @@ def request_of(inst, slo=None):
 
 def caps_of(inst, slo=None):
     """The instance's caps, computed as compile/tables.searched_batches computes a request's."""
-    prob = problem_of(inst)
+    prob = harness.problem_of(inst)
     n_ops = inst["pref"].shape[2] - 1
     w, kv, kvc = prob.wpref[:, -1], prob.kvpref[:, -1], prob.kvcpref[:, -1]
 
@@ -85,24 +85,24 @@ def searched(inst, slo=None):
     return dict(inst, batches=np.array(batches, np.int64), **({} if slo is None else {"slo": slo}))
 
 
-@settings(max_examples=250, **SETTINGS)
+@settings(max_examples=250, **harness.SETTINGS)
 @given(fine_instances())
 def test_kernel_exact_over_grid_and_caps(inst):
     wide = searched(inst)
     event(f"{wide['batches'].size - inst['batches'].size} caps off the grid")
-    best, feasible = brute_force(wide)
-    assert_kernel_matches(wide, best, feasible)
+    best, feasible = harness.brute_force(wide)
+    harness.assert_kernel_matches(wide, best, feasible)
 
 
 def _colocated(inst):
     """The instance's one-stage problem (every configuration allowed): one whole-model replica."""
     n_ops = inst["pref"].shape[2] - 1
-    return problem_of(dict(inst, stage_owner=np.array([0], np.int64), stage_start=np.array([0], np.int64),
+    return harness.problem_of(dict(inst, stage_owner=np.array([0], np.int64), stage_start=np.array([0], np.int64),
                            stage_end=np.array([n_ops], np.int64), payload=np.zeros(1), k=1,
                            cfg_ok=np.ones((1, inst["cfg_tp"].size), bool), latency_objective=False))
 
 
-@settings(max_examples=250, **SETTINGS)
+@settings(max_examples=250, **harness.SETTINGS)
 @given(fine_instances())
 def test_caps_are_the_largest_feasible_batches(inst):
     """By brute force over every integer microbatch with the evaluator (not the caps' formula)."""
@@ -127,25 +127,26 @@ def test_caps_are_the_largest_feasible_batches(inst):
                        if cap % mu == 0 and cap // mu in ev), (cheapest, sorted(caps.slo))
 
 
-@settings(max_examples=250, **SETTINGS)
+@settings(max_examples=250, **harness.SETTINGS)
 @given(fine_instances(one_stage=True))
 def test_one_stage_search_as_cheap_as_every_integer_batch(inst):
     inst = dict(inst, latency_objective=False)
     every = dict(inst, batches=np.arange(1, int(inst["batches"].max()) + 1, dtype=np.int64))
-    best, _ = brute_force(every)
-    got = run_kernel(searched(inst), True, True)
+    best, _ = harness.brute_force(every)
+    got = harness.run_kernel(searched(inst), True, True)
     assert (got is None) == (best is None), (got, best)
     if best is not None:
-        event("a cap beats the grid" if run_kernel(inst, True, True) is None
-              or run_kernel(inst, True, True)["cost"] > got["cost"] * (1 + REL) else "the grid's optimum")
+        grid = harness.run_kernel(inst, True, True)
+        event("a cap beats the grid" if grid is None or grid["cost"] > got["cost"] * (1 + REL) else "the grid's optimum")
         assert math.isclose(got["cost"], best[0], rel_tol=REL, abs_tol=1e-12), (got, best)
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(max_examples=150, **harness.SETTINGS)
 @given(fine_instances(one_stage=True), st.integers(0, 120))
 def test_loosening_the_slo_never_raises_cost_with_caps(inst, extra):
     inst = dict(inst, latency_objective=False)
-    tight, loose = run_kernel(searched(inst), True, True), run_kernel(searched(inst, inst["slo"] + extra / 2), True, True)
+    tight = harness.run_kernel(searched(inst), True, True)
+    loose = harness.run_kernel(searched(inst, inst["slo"] + extra / 2), True, True)
     if tight is not None:
         assert loose is not None and loose["cost"] <= tight["cost"] * (1 + REL), (tight, loose)
 
@@ -174,3 +175,8 @@ def test_issue_30_plans_take_the_batch_the_grid_missed():
     l80 = _plan("llama-3.1-70b", "60ms", "32k", gpus="h200", tensor_parallel_sizes=(8,), batches=(80,), policy="colocated")
     assert ll.usd_per_million_tokens <= l80.usd_per_million_tokens < l64.usd_per_million_tokens
     assert ll.global_batch not in ll.search.space.batches
+    # --no-batch-caps searches the grid alone: the plan the issue found, recorded as such (1.11)
+    grid = _plan("llama-3.1-70b", "60ms", "32k", gpus="h200", batch_caps=False)
+    assert grid.global_batch == 64 and grid.usd_per_million_tokens == l64.usd_per_million_tokens
+    assert grid.search.space.batch_caps is False and grid.schema_version == "1.11"
+    assert ll.search.space.batch_caps is None

@@ -128,7 +128,9 @@ def searched_batches(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wl: 
     """The batch sets the search walks, (every template's, the one-stage template's): the
     request's grid plus the caps of its configurations (compile/space.py; `wl` None for --ctx,
     else the workload and `units` its `traffic.Reserves`: a workload has memory caps only, its
-    TPOT being a percentile over scenarios, not one stream)."""
+    TPOT being a percentile over scenarios, not one stream; --no-batch-caps: the grid alone)."""
+    if not req.batch_caps:
+        return req.batches, req.batches
     configs = configurations(seq, hw, req)
     mem = memory_parts(seq, configs, req, wl)
     units = fixed_units(max(req.batches)) if wl is None else units
