@@ -2,8 +2,8 @@
 
 On random small instances whose microbatch grid holds every integer (a fine batch grid):
 
-(a) the kernel, given the batch set grid + caps (the one-stage template's with the SLO caps),
-    equals a plain-Python brute force over that set (tests/test_search_exact.py's harness);
+(a) the kernel, given the one-stage template's batch set grid + caps (another template's: the
+    grid), equals a plain-Python brute force over that set (tests/test_search_exact.py's harness);
 (b) the caps are what docs/search.md#batches says, found by brute force over every integer
     batch with the evaluator: the largest memory-feasible batch of every (configuration, mu)
     of one whole-model replica, and its largest and cheapest SLO-feasible batch;
@@ -78,10 +78,10 @@ def caps_of(inst, slo=None):
 
 
 def searched(inst, slo=None):
-    """The instance with its searched batch set: grid + memory caps, + SLO caps if one-stage."""
+    """The instance with its searched batch set: the grid, + the caps if one-stage."""
     caps, req = caps_of(inst, slo), request_of(inst, slo)
     one_stage = inst["stage_owner"].size == 1
-    batches = batch_set(req, caps.memory, caps.slo) if one_stage else batch_set(req, caps.memory)
+    batches = batch_set(req, caps.memory, caps.slo) if one_stage else req.batches
     return dict(inst, batches=np.array(batches, np.int64), **({} if slo is None else {"slo": slo}))
 
 

@@ -77,14 +77,17 @@ class Compiled:
                         max_nodes=float("inf") if req.max_nodes is None else req.max_nodes,
                         latency_objective=latency_objective, prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS))
         splan = self.stage_plan(template)
-        own = t.colocated_grid if splan.n_stages == 1 else t.grid  # the SLO caps: one-stage plans only
-        grid = own if batches is None else t.grid._replace(batches=np.array(batches, np.int64))
+        one = splan.n_stages == 1  # the batch caps and their microbatches: one-stage plans only
+        configs, own, traffic = ((t.colocated_configs, t.colocated_grid, t.colocated_traffic) if one
+                                 else (t.per_config, t.grid, t.traffic))
+        grid = own if batches is None else own._replace(batches=np.array(batches, np.int64))
         p = Problem(stages=typed_part(stages(self.seq, splan, t, only_gpu)),
-                    configs=t.per_config, fabric=t.fabric, grid=grid, limits=typed_part(limits), traffic=t.traffic)
-        # the shared parts are typed once and checked with the first template; per template, its own
-        if not self._cache.get("checked"):
+                    configs=configs, fabric=t.fabric, grid=grid, limits=typed_part(limits), traffic=traffic)
+        # the shared parts are typed once and checked with the first template of each kind; per
+        # template, its own
+        if not self._cache.get(("checked", one)):
             check_problem(p)
-            self._cache["checked"] = True
+            self._cache["checked", one] = True
             return p
         return check_problem(p, ("stages", "limits") if batches is None else ("stages", "limits", "grid"))
 
@@ -106,5 +109,5 @@ def compile_request(req: PlanRequest, hw: Hardware | None = None, model: ModelSp
     tables = build_tables(seq, hw, req, wa, batches, colocated)
     return Compiled(request=req, hw=hw, seq=seq, workload=wl, tables=tables._replace(
         per_config=typed_part(tables.per_config), fabric=typed_part(tables.fabric), grid=typed_part(tables.grid),
-        colocated_grid=typed_part(tables.colocated_grid),
-        traffic=typed_part(tables.traffic)))
+        traffic=typed_part(tables.traffic), colocated_configs=typed_part(tables.colocated_configs),
+        colocated_grid=typed_part(tables.colocated_grid), colocated_traffic=typed_part(tables.colocated_traffic)))

@@ -2,14 +2,12 @@
 node sizes.
 
 A runtime takes any integer `--max-num-seqs`, so a memory- or SLO-bound plan would otherwise
-stop at the grid point below its cap. The batch set is the request's grid (`--batches`) plus
-its **caps**: for every configuration c and microbatch count mu, with b the microbatch and mu x
-b at most the grid's largest batch, where one replica of c holding the whole model stops:
-
-* the memory cap, the largest mu x b that fits its memory: searched by every template;
-* the SLO caps (a fixed context), the largest mu x b whose one-stage TPOT mu x t(b) meets the
-  SLO and the cheapest such one (least t(b)/b): searched by the one-stage (colocated)
-  template only, so that loosening the SLO never raises cost (docs/search.md#batches).
+stop at the grid point below its cap. The one-stage (colocated) template searches the request's
+grid (`--batches`) plus its **caps**: for every configuration c and microbatch count mu, with b
+the microbatch and mu x b at most the grid's largest batch, where one replica of c holding the
+whole model stops: the largest mu x b that fits its memory, and (a fixed context) the largest
+and the cheapest mu x b whose one-stage TPOT mu x t(b) meets the SLO. Over those its search is
+as cheap as over every integer batch; the other templates search the grid (docs/search.md#batches).
 """
 
 from __future__ import annotations
@@ -56,8 +54,8 @@ def largest_fitting(fits, hi: int) -> int:
 class Caps(NamedTuple):
     """The caps of a request's configurations (see the module docstring)."""
 
-    memory: frozenset[int]  # searched by every template
-    slo: frozenset[int]  # searched by the one-stage (colocated) template only
+    memory: frozenset[int]
+    slo: frozenset[int]
 
 
 def batch_caps(req: PlanRequest, n_configs: int, fits, stream=None) -> Caps:

@@ -42,12 +42,15 @@ class Tables(NamedTuple):
     """Every configuration of a request as the Problem parts all its templates share."""
 
     configs: tuple[Config, ...]
-    mb_grid: tuple[int, ...]
-    per_config: Configs
+    mb_grid: tuple[int, ...]  # every microbatch: the grid's (ascending), then those of the caps only
+    per_config: Configs  # at the grid's microbatches (the first of mb_grid)
     fabric: Fabric
-    grid: Grid  # at the searched batches: the request's grid and the memory caps (compile/space.py)
-    colocated_grid: Grid  # the one-stage template's: those and the SLO caps (same microbatch grid)
+    grid: Grid  # at the request's batches
     traffic: Traffic
+    # the one-stage template's parts: the grid and the caps (compile/space.py), at every microbatch
+    colocated_configs: Configs
+    colocated_grid: Grid
+    colocated_traffic: Traffic
     moe_pref: np.ndarray  # int64[N+1]: routed-expert operators before each position (owner rule)
     expert_parallel: np.ndarray  # bool[C]: the config shards routed experts
 
@@ -126,9 +129,9 @@ def stage_fixed(configs: tuple[Config, ...], req: PlanRequest) -> np.ndarray:
 def searched_batches(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wl: ContextLaw | None,
                      units=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The batch sets the search walks, (every template's, the one-stage template's): the
-    request's grid plus the caps of its configurations (compile/space.py; `wl` None for --ctx,
-    else the workload and `units` its `traffic.Reserves`: a workload has memory caps only, its
-    TPOT being a percentile over scenarios, not one stream; --no-batch-caps: the grid alone)."""
+    request's grid, and that plus the caps of its configurations (compile/space.py; `wl` None
+    for --ctx, else the workload and `units` its `traffic.Reserves`: a workload has memory caps
+    only, its TPOT being a percentile over scenarios, not one stream; --no-batch-caps: the grid)."""
     if not req.batch_caps:
         return req.batches, req.batches
     configs = configurations(seq, hw, req)
@@ -151,7 +154,7 @@ def searched_batches(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wl: 
         return stage_time(pref, 0, seq.n, fixed[c])
 
     caps = batch_caps(req, len(configs), fits, stream if wl is None else None)
-    return batch_set(req, caps.memory), batch_set(req, caps.memory, caps.slo)
+    return req.batches, batch_set(req, caps.memory, caps.slo)
 
 
 def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: WorkloadArrays | None,
@@ -160,7 +163,11 @@ def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: Work
     the searched batch sets (`searched_batches`; default the request's grid alone)."""
     batches = req.batches if batches is None else batches
     colocated = batches if colocated is None else colocated
-    configs, mb_grid = configurations(seq, hw, req), microbatch_grid(req, (*batches, *colocated))
+    # the grid's microbatches first, then those only the caps produce: an index means the same
+    # microbatch in both parts, and the other templates' tables stay the grid's size
+    base = microbatch_grid(req, batches)
+    configs = configurations(seq, hw, req)
+    mb_grid = base + tuple(b for b in microbatch_grid(req, colocated) if b not in set(base))
     mem = memory_parts(seq, configs, req, None if wa is None else wa.workload)
     context = context_of(req, None if wa is None else wa.workload)
     knots = np.zeros(0) if wa is None else wa.knots
@@ -193,14 +200,23 @@ def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: Work
                     bw=hw.network.inter_node_gbps * 1e3, lat=hw.network.inter_node_latency_us,
                     intra_lat=hw.network.intra_node_latency_us)
     top = max(req.batches)
-    traffic = Traffic(  # a fixed context: every request holds one unit (its whole KV); no knots, no scenarios
-        units=fixed_units(top), knots=knots, kpref=kpref, scen_cs=np.zeros((0, top + 1)),
-        knot_free=knot_free(knot_lat, c_n), pct=0.0, theta=float(context)) if wa is None else Traffic(
-        units=wa.units, knots=knots, kpref=kpref, scen_cs=wa.scen_cs, knot_free=knot_free(knot_lat, c_n),
-        pct=wa.pct, theta=wa.workload.theta)
-    return Tables(configs=configs, mb_grid=mb_grid, per_config=per_config, fabric=fabric,
-                  grid=grid(mb_grid, batches, req.max_microbatches, req.max_replicas),
-                  colocated_grid=grid(mb_grid, colocated, req.max_microbatches, req.max_replicas), traffic=traffic,
+
+    def traffic(m: int) -> Traffic:
+        """The Traffic part over the first m microbatches."""
+        kp, kl = kpref[:, :m].copy(), [at[:m] for at in knot_lat]
+        if wa is None:  # a fixed context: every request holds one unit (its whole KV); no knots, no scenarios
+            return Traffic(units=fixed_units(top), knots=knots, kpref=kp, scen_cs=np.zeros((0, top + 1)),
+                           knot_free=knot_free(kl, c_n), pct=0.0, theta=float(context))
+        return Traffic(units=wa.units, knots=knots, kpref=kp, scen_cs=wa.scen_cs, knot_free=knot_free(kl, c_n),
+                       pct=wa.pct, theta=wa.workload.theta)
+
+    m = len(base)
+    return Tables(configs=configs, mb_grid=mb_grid,
+                  per_config=per_config._replace(pref=pref[:, :m].copy(), mpref=mpref[:, :m].copy()),
+                  fabric=fabric, grid=grid(base, batches, req.max_microbatches, req.max_replicas),
+                  traffic=traffic(m), colocated_configs=per_config,
+                  colocated_grid=grid(mb_grid, colocated, req.max_microbatches, req.max_replicas),
+                  colocated_traffic=traffic(len(mb_grid)),
                   moe_pref=moe_pref, expert_parallel=np.array([c.parallel.moe_ep for c in configs], bool))
 
 

@@ -99,9 +99,9 @@ class PlanRequest(BaseModel):
     batches: tuple[int, ...] = _setting("Global resident batch sizes searched (comma list)",
                                         default=DEFAULT_BATCHES, cli="str", space=True)
     batch_caps: bool = _setting(
-        "Also search, per GPU configuration and microbatch count, the largest batch one whole-model "
-        "replica fits in memory and its largest and cheapest SLO-feasible batch (off: the --batches "
-        "grid alone)", flags=("--batch-caps/--no-batch-caps",), default=True, space=True)
+        "For one-stage (colocated) plans also search, per GPU configuration and microbatch count, the "
+        "largest batch one replica fits in memory and its largest and cheapest SLO-feasible batch "
+        "(off: the --batches grid alone)", flags=("--batch-caps/--no-batch-caps",), default=True, space=True)
     max_owners: int = _setting("Most owners (device-group types) per template", default=3, space=True,
                                ge=1, le=8)
     max_microbatches: int = _setting("Most microbatches in flight", default=4, space=True, ge=1, le=64)
