@@ -24,7 +24,8 @@ gpus = "h100,a100"
 policies = "colocated"
 """
 
-# llama-3.1-8b at 32k / 60 ms: the cheapest plan of this space is a 64-stage pipeline
+# llama-3.1-8b at 32k / 60 ms: the cheapest plan of this space's grid is a 64-stage pipeline
+# (with the batch caps a one-stage plan at a cap is cheaper)
 PIPELINE = HEAD + """
 [[entry]]
 models = "llama-3.1-8b"
@@ -32,6 +33,7 @@ contexts = "32k"
 slos = "60ms"
 gpus = "h100,a100"
 policies = "opweave"
+batch_caps = false
 """
 PIPELINE_FILE = "llama-3.1-8b_ctx32k_slo60ms_h100+a100_opweave.json"
 

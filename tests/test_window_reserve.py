@@ -18,7 +18,7 @@ from test_search_workload_exact import workload_instances, workload_problem
 
 from opweave_planner import api
 from opweave_planner.compile.compiled import compile_request
-from opweave_planner.compile.problem import typed
+from opweave_planner.compile.problem import memory_need, typed
 from opweave_planner.compile.tables import owner_mixes, owner_sum
 from opweave_planner.compile.traffic import EVENT_GRID, FULL, KV_SUM_GRID, KvReserve
 from opweave_planner.workload.edge import trace_workload, workload_spec
@@ -153,3 +153,32 @@ def test_kernel_equals_brute_force_with_a_reserve_row_per_owner_and_config(inst,
     best, feasible = brute_force(inst, problem=p)
     event("infeasible" if best is None else "feasible")
     assert_kernel_matches(inst, best, feasible, problem=p)
+
+
+def test_a_window_models_memory_caps_read_the_whole_model_replicas_own_mix():
+    """A workload's memory caps (compile/space.py) are the largest batches whose need fits with the
+    one-stage owner's own reserve row (KvReserve.at in its window mix, brute force over every b),
+    the one-stage problem carries that row at each cap, and full-attention units would put the caps
+    elsewhere (TP1: the memory binds below the grid's top)."""
+    req = api.make_request(**{**GEMMA, "tensor_parallel_sizes": (1,)})
+    ctx = compile_request(req)
+    tmpl = next(t for t in ctx.templates if ctx.stage_plan(t).n_stages == 1)
+    prob, t = ctx.problem(tmpl), ctx.tables
+    res, cf, top = t.colocated_reserve, t.colocated_configs, max(req.batches)
+    searched = {int(b) for b in prob.batches}
+    mixes = owner_mixes(t, prob.stage_owner, prob.stage_start, prob.stage_end, 0)
+    moved = 0
+    for c, mix in enumerate(mixes):
+        assert mix != FULL
+
+        def largest(mu, row, c=c):
+            return next((b for b in range(top // mu, 0, -1) if memory_need(
+                row, cf.wpref[c, -1], cf.kvpref[c, -1], cf.kvcpref[c, -1], cf.cfg_ws[c], mu, b) <= cf.cfg_mem[c]), 0)
+
+        for mu in range(1, req.max_microbatches + 1):
+            b = largest(mu, res.row(mix))
+            if b:
+                assert mu * b in searched
+                assert float(prob.kv_units[0, c, mu * b]) == res.at(mu * b, mix)
+            moved += largest(mu, res.row(FULL)) != b
+    assert moved

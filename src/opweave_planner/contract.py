@@ -484,7 +484,10 @@ def plan_context(plan: Plan, *, where: str = "plan", searched: bool = False, **o
         "batches": (plan.global_batch,), "max_microbatches": plan.microbatches,
         "max_replicas": max(o.replicas for o in plan.owners),
         "moe_expert_parallel": any(o.expert_parallel > 1 for o in plan.owners)})
-    compiled = compile_request(req if searched else own, hw, spec)
+    # the searched space under new inputs has caps of its own (compile/space.py): the plan's batch
+    # is kept in it, so its placement is still expressible there
+    wide = req.model_copy(update={"batches": tuple(sorted({*req.batches, plan.global_batch}))})
+    compiled = compile_request(wide if searched else own, hw, spec)
     sel = plan_selection(plan, compiled.tables, where, seq.model.name)
     return compiled, tmpl, sel
 

@@ -21,8 +21,8 @@ from opweave_planner.compile.problem import (
     check_problem,
     typed_part,
 )
-from opweave_planner.compile.tables import Tables, build_tables, stages
-from opweave_planner.compile.traffic import build_traffic, workload_of
+from opweave_planner.compile.tables import Tables, build_tables, searched_batches, stages
+from opweave_planner.compile.traffic import build_traffic, kv_reserve, workload_of
 from opweave_planner.inputs.hardware import Hardware, load_hardware
 from opweave_planner.inputs.model import ModelSpec, load_model
 from opweave_planner.inputs.request import PlanRequest
@@ -81,13 +81,18 @@ class Compiled:
             lim = limits[slo, latency_objective] = typed_part(Limits(
                 slo=slo, max_gpus=req.max_gpus, max_nodes=float("inf") if req.max_nodes is None else req.max_nodes,
                 latency_objective=latency_objective, prune_factor=(1.0 + slack) * (1.0 + PRUNE_EPS)))
-        grid = t.grid if batches is None else t.grid._replace(batches=np.array(batches, np.int64))
-        p = Problem(stages=typed_part(stages(self.seq, self.stage_plan(template), t, only_gpu)),
-                    configs=t.per_config, fabric=t.fabric, grid=grid, limits=lim, traffic=t.traffic)
-        # the shared parts are typed once and checked with the first template; per template, its own
-        if not self._cache.get("checked"):
+        splan = self.stage_plan(template)
+        one = splan.n_stages == 1  # the batch caps and their microbatches: one-stage plans only
+        configs, own, traffic = ((t.colocated_configs, t.colocated_grid, t.colocated_traffic) if one
+                                 else (t.per_config, t.grid, t.traffic))
+        grid = own if batches is None else own._replace(batches=np.array(batches, np.int64))
+        p = Problem(stages=typed_part(stages(self.seq, splan, t, only_gpu)),
+                    configs=configs, fabric=t.fabric, grid=grid, limits=lim, traffic=traffic)
+        # the shared parts are typed once and checked with the first template of each kind; per
+        # template, its own
+        if not self._cache.get(("checked", one)):
             check_problem(p)
-            self._cache["checked"] = True
+            self._cache["checked", one] = True
             return p
         return check_problem(p, ("stages",) + (("limits",) if fresh else ()) + (() if batches is None else ("grid",)))
 
@@ -103,8 +108,11 @@ def compile_request(req: PlanRequest, hw: Hardware | None = None, model: ModelSp
     hw = hw or hardware_for(req)
     seq = build_sequence(model or load_model(req.model))
     wl = workload_of(req)
-    wa = build_traffic(req, wl) if req.stochastic else None
-    tables = build_tables(seq, hw, req, wa)
+    reserve = kv_reserve(req, wl) if req.stochastic else None
+    batches, colocated = searched_batches(seq, hw, req, wl if req.stochastic else None, reserve)  # grid + caps
+    wa = build_traffic(req, wl, colocated, reserve) if req.stochastic else None
+    tables = build_tables(seq, hw, req, wa, batches, colocated)
     return Compiled(request=req, hw=hw, seq=seq, workload=wl, tables=tables._replace(
         per_config=typed_part(tables.per_config), fabric=typed_part(tables.fabric), grid=typed_part(tables.grid),
-        traffic=typed_part(tables.traffic)))
+        traffic=typed_part(tables.traffic), colocated_configs=typed_part(tables.colocated_configs),
+        colocated_grid=typed_part(tables.colocated_grid), colocated_traffic=typed_part(tables.colocated_traffic)))

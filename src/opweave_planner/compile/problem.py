@@ -267,3 +267,26 @@ def order_index(n, pct):
     for the compile room; the kernels call it through `jit.shared` (search/evaluate.py)."""
     k = math.ceil(n * pct - 1e-9)
     return min(max(k, 1), n)
+
+
+# The rules below are plain Python so the compile room (its batch caps, compile/space.py) applies
+# the same physics as the kernels, which call them through `jit.shared` (search/evaluate.py).
+
+def memory_need(units, weights, kv_per_unit, kv_per_request, workspace_per_request, mu, bh):
+    """Bytes per GPU of a replica holding mu x bh resident requests (units: the owner's row of
+    Stages.kv_units; the batch caps pass the whole-model replica's row, KvReserve.row)."""
+    n = mu * bh
+    return weights + units[n] * kv_per_unit + n * kv_per_request + bh * workspace_per_request
+
+
+def range_sum(pref, start, end):
+    """Sum over the cyclic operator range [start, end) from a prefix-sum row."""
+    if end > start:
+        return pref[end] - pref[start]
+    return pref[pref.shape[0] - 1] - pref[start] + pref[end]
+
+
+def stage_time(pref_row, start, end, fixed):
+    """A stage's compute time per microbatch: its operators' latencies plus the fixed
+    dispatch cost every stage pays however small (a graph launch after its input arrives)."""
+    return range_sum(pref_row, start, end) + fixed

@@ -1,21 +1,98 @@
-"""The search space a request spans, beyond its own fields: microbatch sizes and node sizes."""
+"""The search space a request spans, beyond its own fields: the batch set, microbatch sizes and
+node sizes.
+
+A runtime takes any integer `--max-num-seqs`, so a memory- or SLO-bound plan would otherwise
+stop at the grid point below its cap. The one-stage (colocated) template searches the request's
+grid (`--batches`) plus its **caps**: for every configuration c and microbatch count mu, with b
+the microbatch and mu x b at most the grid's largest batch, where one replica of c holding the
+whole model stops: the largest mu x b that fits its memory, and (a fixed context) the largest
+and the cheapest mu x b whose one-stage TPOT mu x t(b) meets the SLO. Over those its search is
+as cheap as over every integer batch; the other templates search the grid (docs/search.md#batches).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import numpy as np
+
+from opweave_planner.compile.problem import PRUNE_EPS
 from opweave_planner.inputs.hardware import GpuType
 from opweave_planner.inputs.request import PlanRequest
 
 
-def microbatch_grid(req: PlanRequest) -> tuple[int, ...]:
-    """Every per-replica microbatch b = B / (mu n) that the request's grid can produce."""
+def microbatch_grid(req: PlanRequest, batches: Iterable[int] | None = None) -> tuple[int, ...]:
+    """Every per-replica microbatch b = B / (mu n) that the batch set (default: the request's
+    grid) can produce."""
     values = {
         b // (mu * n)
-        for b in req.batches
+        for b in (req.batches if batches is None else batches)
         for mu in range(1, req.max_microbatches + 1)
         for n in range(1, req.max_replicas + 1)
         if b % (mu * n) == 0
     }
     return tuple(sorted(values))
+
+
+def largest_fitting(fits, hi: int) -> int:
+    """The largest b in [1, hi] with fits(b), 0 if fits(1) is false; `fits` must be monotone
+    (true up to some b, false after), which the memory rule is: its KV units never fall as
+    the resident count grows, and its other terms are nonnegative multiples of b."""
+    if hi < 1 or not fits(1):
+        return 0
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class Caps(NamedTuple):
+    """The caps of a request's configurations (see the module docstring)."""
+
+    memory: frozenset[int]
+    slo: frozenset[int]
+
+
+def batch_caps(req: PlanRequest, n_configs: int, fits, stream=None) -> Caps:
+    """Per configuration c and mu, the batches mu x b where one replica holding the whole model
+    stops. Memory: the largest b that fits (`fits(c, mu, b)`, monotone in b). SLO (`stream`
+    given: `stream(c, top)`, the one-stage time in µs at b = 1..top): among the b up to that
+    whose compute stream mu x t(b) meets the SLO (the one-stage plan's TPOT), the largest, and
+    the cheapest per token (least t(b)/b, the largest on ties), by a scan: no monotonicity of
+    t is assumed. More replicas of one replica cost the same per token on more GPUs, so one
+    replica's caps are a colocated plan's."""
+    top, slo = max(req.batches), req.slo_ms * 1e3 * (1 + PRUNE_EPS)
+    memory, by_slo = set(), set()
+    for c in range(n_configs):
+        times = None
+        for mu in range(1, req.max_microbatches + 1):
+            b = largest_fitting(lambda b, c=c, mu=mu: fits(c, mu, b), top // mu)
+            if not b:
+                continue
+            memory.add(mu * b)
+            if stream is None:
+                continue
+            if times is None:
+                times = np.asarray(stream(c, b), np.float64)  # mu = 1 fits the largest b
+            ok = np.flatnonzero(mu * times[:b] <= slo)
+            if ok.size:
+                per_token = times[ok] / (ok + 1)
+                cheapest = ok[np.flatnonzero(per_token == per_token.min())[-1]]
+                by_slo |= {mu * (int(ok[-1]) + 1), mu * (int(cheapest) + 1)}
+    return Caps(memory=frozenset(memory), slo=frozenset(by_slo))
+
+
+def batch_set(req: PlanRequest, *caps: Iterable[int]) -> tuple[int, ...]:
+    """The searched batches: the request's grid (ascending), then the caps not on it, ascending.
+    Caps come after the grid, so on an exact tie of cost and GPUs a grid plan wins as before."""
+    grid = tuple(req.batches)
+    extra = set().union(*caps) - set(grid)
+    return grid + tuple(sorted(extra))
 
 
 def node_size(gpu: GpuType, req: PlanRequest) -> int:

@@ -30,8 +30,9 @@ deterministic one). For a workload (`--workload`, docs/workloads.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -78,9 +79,9 @@ class WorkloadArrays:
     reserve: KvReserve  # the reserve of any mix of full and sliding-window KV
 
 
-def resident_counts(req: PlanRequest) -> list[int]:
-    """Every mu x b a replica can hold on the request's grid."""
-    grid = microbatch_grid(req)
+def resident_counts(req: PlanRequest, batches: tuple[int, ...] | None = None) -> list[int]:
+    """Every mu x b a replica can hold on the searched batch set (default: the request's grid)."""
+    grid = microbatch_grid(req, batches)
     top = max(req.batches)
     return sorted({mu * b for mu in range(1, req.max_microbatches + 1) for b in grid if mu * b <= top})
 
@@ -119,16 +120,19 @@ def _knots(wl: ContextLaw, extra: tuple[float, ...]) -> np.ndarray:
     return np.unique(np.round(pts))
 
 
-def build_traffic(req: PlanRequest, wl: ContextLaw) -> WorkloadArrays:
-    """The arrays of a workload request (`wl`: its `workload_of`)."""
+def build_traffic(req: PlanRequest, wl: ContextLaw, batches: tuple[int, ...] | None = None,
+                  reserve: KvReserve | None = None) -> WorkloadArrays:
+    """The arrays of a workload request (`wl`: its `workload_of`) over the searched batch set
+    (`batches`, default the request's grid; `reserve`: its `kv_reserve`, with the counts the
+    batch caps already probed)."""
+    batches = req.batches if batches is None else batches
     top = max(req.batches)
     draws = scenarios(wl, req.scenarios, top, req.seed)
     cs = np.zeros((req.scenarios, top + 1))
     cs[:, 1:] = np.cumsum(draws, axis=1)
     pct = req.percentile / 100.0
-    c_lb = lower_context(cs, req.batches, req.max_microbatches, req.max_replicas, pct)
-    reserve = KvReserve(workload=wl, counts=tuple(resident_counts(req)), top=top, kv_quantile=req.kv_quantile,
-                        preemptions_per_request=req.preemptions_per_request)
+    c_lb = lower_context(cs, batches, req.max_microbatches, req.max_replicas, pct)
+    reserve = (kv_reserve(req, wl) if reserve is None else reserve).over(resident_counts(req, batches))
     return WorkloadArrays(workload=wl, scen_cs=cs, knots=_knots(wl, (wl.theta,)), c_lb=c_lb, pct=pct,
                           units=reserve.units(FULL), reserve=reserve)
 
@@ -141,39 +145,73 @@ FULL: Mix = (1.0, ())  # full attention only: the unit is a context token
 
 @dataclass(frozen=True)
 class KvReserve:
-    """The reserve of `n` resident requests for every resident count of a request's grid, in the
-    units of a KV mix (see the module docstring)."""
+    """The reserve of `n` resident requests in the units of a KV mix (see the module docstring):
+    any count on first use and kept (`at`: the batch caps probe a few), and as a row over the
+    resident counts `counts` (`units`, what the search reads)."""
 
     workload: ContextLaw
     counts: tuple[int, ...]
     top: int
     kv_quantile: float
     preemptions_per_request: float
+    memo: dict = field(default_factory=dict, compare=False, repr=False)  # (n, mix) -> reserve
+
+    def at(self, n: int, mix: Mix = FULL) -> float:
+        """The reserve of n resident requests in the units of `mix`."""
+        key = (int(n), mix)
+        if key not in self.memo:
+            self.memo[key] = _reserve_at(self, int(n), mix)
+        return self.memo[key]
 
     def units(self, mix: Mix = FULL) -> np.ndarray:
         """float64[top + 1]: `units[n]` for each resident count (read-only; cached per mix)."""
         return _reserve_units(self, mix)
 
+    def over(self, counts) -> KvReserve:
+        """The same reserve (sharing what it computed) over other resident counts."""
+        return replace(self, counts=tuple(counts))
 
-@lru_cache(maxsize=64)
-def _reserve_units(res: KvReserve, mix: Mix) -> np.ndarray:
+    def row(self, mix: Mix = FULL) -> ReserveRow:
+        """`units(mix)` read lazily at any count (what memory_need indexes, for the batch caps)."""
+        return ReserveRow(self, mix)
+
+
+class ReserveRow(NamedTuple):
+    reserve: KvReserve
+    mix: Mix
+
+    def __getitem__(self, n: int) -> float:
+        return self.reserve.at(n, self.mix)
+
+
+def kv_reserve(req: PlanRequest, wl: ContextLaw) -> KvReserve:
+    """A workload request's reserve over its grid's resident counts."""
+    return KvReserve(workload=wl, counts=tuple(resident_counts(req)), top=max(req.batches),
+                     kv_quantile=req.kv_quantile, preemptions_per_request=req.preemptions_per_request)
+
+
+def _reserve_at(res: KvReserve, n: int, mix: Mix) -> float:
     wl, (per_token, windows) = res.workload, mix
     if windows and max(w for w, _ in windows) <= wl.min_context:
         # no context is below a window: x(c) = per_token c + a constant, and so is every reserve
-        units = per_token * _reserve_units(res, FULL) + np.arange(res.top + 1) * sum(w * b for w, b in windows)
-        units.setflags(write=False)
-        return units
+        return per_token * res.at(n, FULL) + n * sum(w * b for w, b in windows)
     longest = float(kv_bytes(wl.max_context, per_token, windows))
     shortest = float(kv_bytes(wl.min_context, per_token, windows))
+    tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
+    # the one-class law bounds every crossing from above (exact with nothing below a window):
+    # where even its reserve is below the quantile floor, the exact one is too
+    events = event_law(wl, n, mix, exact=False).reserve(res.preemptions_per_request)
+    if events > tail:
+        events = event_law(wl, n, mix).reserve(res.preemptions_per_request)
+    return max(tail, events, longest + (n - 1) * shortest)
+
+
+@lru_cache(maxsize=64)
+def _reserve_units(res: KvReserve, mix: Mix) -> np.ndarray:
+    longest = float(kv_bytes(res.workload.max_context, *mix))
     units = np.arange(res.top + 1, dtype=np.float64) * longest  # never read: every count is filled below
     for n in res.counts:
-        tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
-        # the one-class law bounds every crossing from above (exact with nothing below a window):
-        # where even its reserve is below the quantile floor, the exact one is too
-        events = event_law(wl, n, mix, exact=False).reserve(res.preemptions_per_request)
-        if events > tail:
-            events = event_law(wl, n, mix).reserve(res.preemptions_per_request)
-        units[n] = max(tail, events, longest + (n - 1) * shortest)
+        units[n] = res.at(n, mix)
     units.setflags(write=False)
     return units
 

@@ -99,6 +99,10 @@ class PlanRequest(BaseModel):
         default=DEFAULT_TPS, cli="str", space=True)
     batches: tuple[int, ...] = _setting("Global resident batch sizes searched (comma list)",
                                         default=DEFAULT_BATCHES, cli="str", space=True)
+    batch_caps: bool = _setting(
+        "For one-stage (colocated) plans also search, per GPU configuration and microbatch count, the "
+        "largest batch one replica fits in memory and its largest and cheapest SLO-feasible batch "
+        "(off: the --batches grid alone)", flags=("--batch-caps/--no-batch-caps",), default=True, space=True)
     max_owners: int = _setting("Most owners (device-group types) per template", default=3, space=True,
                                ge=1, le=8)
     max_microbatches: int = _setting("Most microbatches in flight", default=4, space=True, ge=1, le=64)
@@ -352,7 +356,7 @@ class PlanRequest(BaseModel):
             raise UserError(f"{flag_of(info.field_name)}: expected an integer, got {v!r}")
         return v
 
-    @field_validator("moe_expert_parallel", "pareto", "bnb", mode="before")
+    @field_validator("moe_expert_parallel", "pareto", "bnb", "batch_caps", mode="before")
     @classmethod
     def _switch(cls, v: Any, info) -> Any:
         if not isinstance(v, bool):  # pydantic would read "no", "off", 0 as false

@@ -59,7 +59,8 @@ def schema_version_for(space: SpaceOut, alternatives: bool = False,
     """The lowest 1.x whose keys cover this plan (1.1: per-stage measured_fraction; 1.2:
     alternatives, model_source and the deployment constraints; 1.3: a workload distribution;
     1.4: its ``overflow`` "truncate"; 1.5: per-GPU memory reserves; 1.7: a fixed context's prompt,
-    output and window; `alternatives` says a 1.2 key outside the searched space is present;
+    output and window; 1.12: `batch_caps` false; `alternatives` says a 1.2 key outside the searched
+    space is present;
     `distribution` is the plan's workload distribution record, or None; `workload` the plan's
     workload, whose distribution it implies)."""
     minor = 2 if alternatives else 1

@@ -62,6 +62,9 @@ TABLE = (
     Recorded("gpus", SPACE + "gpus", about="GPU types searched"),
     Recorded("tensor_parallel_sizes", SPACE + "tensor_parallel_sizes", about="TP degrees searched"),
     Recorded("batches", SPACE + "batches", about="Global resident batch sizes searched"),
+    Recorded("batch_caps", SPACE + "batch_caps", 12,
+             about="false: only `batches` were searched (absent: from 1.12 on, each configuration's memory "
+                   "and SLO batch caps too, docs/search.md#batches)"),
     Recorded("max_owners", SPACE + "max_owners", about="Most owners per template", bounds=_GE1),
     Recorded("max_microbatches", SPACE + "max_microbatches", about="Most microbatches in flight", bounds=_GE1),
     Recorded("max_replicas", SPACE + "max_replicas", about="Most replicas per owner", bounds=_GE1),
@@ -120,6 +123,7 @@ def space_values(req) -> dict[str, Any]:
     record says what the search held back, never "the default")."""
     out = {r.field: getattr(req, r.field) for r in SPACE_ROWS if r.field}
     out["memory_reserve_gb"] = req.reserve_gb
+    out["batch_caps"] = None if req.batch_caps else False  # recorded only when off (absent: on)
     return out
 
 

@@ -26,7 +26,7 @@ __all__ = [
     "PrefillPoolOut",
 ]
 
-SCHEMA_VERSION = "1.11"
+SCHEMA_VERSION = "1.12"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 

@@ -7,9 +7,10 @@ by the search leaf, its bounds, the plan writer and `simulate`:
   receiver's ingress for payload x max(b_send, b_recv) / bandwidth;
 - `plan_link`: stage hand-offs use the GPU's intra-node link only when every
   owner has one GPU type and the whole plan fits in one node;
-- `memory_need`: weights + the KV of the mu b resident requests (a fixed context:
-  mu b x a request's KV; a workload: a reserve of their summed KV in the owner's own mix of
-  full and sliding-window layers, Stages.kv_units) + b x workspace;
+- `memory_need` (written in compile/problem.py, shared with the batch caps): weights + the KV
+  of the mu b resident requests (a fixed context: mu b x a request's KV; a workload: a reserve
+  of their summed KV in the owner's own mix of full and sliding-window layers, Stages.kv_units)
+  + b x workspace;
 - `cost_rate`: USD per GPU-hour per resident request (the latency objective
   gives every owner 1/k so that cost equals T_rtt);
 - `scenario_tpots` (a workload): per sampled snapshot of the resident contexts, the
@@ -24,7 +25,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from opweave_planner.compile.problem import Problem, objective_flags, order_index
+from opweave_planner.compile.problem import (
+    Problem,
+    memory_need,
+    objective_flags,
+    order_index,
+    range_sum,
+    stage_time,
+)
 from opweave_planner.jit import entry, kernel, shared
 from opweave_planner.schedule.kernels import (
     busy_fractions,
@@ -37,21 +45,10 @@ from opweave_planner.search.state import Scratch, Selection
 
 NODE_TOL = 1e-9
 shared(order_index)  # the percentile rule, written once in compile/problem.py
-
-
-@entry
-def range_sum(pref, start, end):
-    """Sum over the cyclic operator range [start, end) from a prefix-sum row."""
-    if end > start:
-        return pref[end] - pref[start]
-    return pref[pref.shape[0] - 1] - pref[start] + pref[end]
-
-
-@entry
-def stage_time(pref_row, start, end, fixed):
-    """A stage's compute time per microbatch: its operators' latencies plus the fixed
-    dispatch cost every stage pays however small (a graph launch after its input arrives)."""
-    return range_sum(pref_row, start, end) + fixed
+# the memory and stage-time rules, written once in compile/problem.py (the batch caps call them too)
+shared(memory_need)
+shared(range_sum)
+shared(stage_time)
 
 
 @kernel
@@ -63,14 +60,6 @@ def transfer_occupancy(payload, bh_send, bh_recv, bw):
 def transfer_fixed(fab, c_send, c_recv):
     """One NCCL send/recv call per hand-off: the slower endpoint's fixed cost (µs)."""
     return max(fab.cfg_transfer_fixed[c_send], fab.cfg_transfer_fixed[c_recv])
-
-
-@kernel
-def memory_need(units, weights, kv_per_unit, kv_per_request, workspace_per_request, mu, bh):
-    """Bytes per GPU of a replica holding mu x bh resident requests (units: the owner's row of
-    Stages.kv_units)."""
-    n = mu * bh
-    return weights + units[n] * kv_per_unit + n * kv_per_request + bh * workspace_per_request
 
 
 @entry
