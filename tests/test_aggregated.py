@@ -5,6 +5,7 @@ invariants (a looser SLO never costs more; the two-mode choice is never dearer t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -315,6 +316,30 @@ def test_one_replica_fewer_breaks_what_binding_names(auto_plan):
             assert fewer.tpot_s * 1e3 > 60
         else:
             assert fewer.ttft_s * 1e3 > 1000 and fewer.tpot_s * 1e3 <= 60
+
+
+@pytest.mark.parametrize("arrivals", [dict(arrivals="trace", rate_scale=40), dict(request_rate=20)])
+def test_each_arrival_carries_its_own_output(arrivals):
+    """Trace arrivals: each row's own output; Poisson: the drawn request's (prompt, output) pair."""
+    from opweave_planner.compile import compile_request
+    from opweave_planner.deployment import replayed_arrivals
+    from opweave_planner.workload.reader import read_trace
+
+    path = str(Path(__file__).parent.parent / "examples" / "traces" / "azure-conv-sample.csv")
+    req = api.make_request(model="llama-3.1-8b", slo="60ms", workload=path, gpus="h100", policy="colocated",
+                           ttft="1s", **arrivals)
+    doc = api.plan(req).plan
+    compiled = compile_request(req, api.gpu_catalog())
+    arr, _rate, _mean = replayed_arrivals(doc, req, compiled)
+    rows = read_trace(path)
+    assert arr.outputs is not None and arr.outputs.shape == arr.prompts.shape
+    if "arrivals" in arrivals:
+        assert np.array_equal(arr.outputs, rows.output[arr.rows])
+        assert np.array_equal(arr.prompts, np.minimum(rows.prompt[arr.rows], doc.workload.window - 1))
+    else:
+        wl = compiled.workload
+        assert np.array_equal(arr.outputs, wl.output[arr.rows]) and np.array_equal(arr.prompts, wl.prompt[arr.rows])
+    assert len(set(arr.outputs.tolist())) > 10  # not one mean for all
 
 
 def test_the_1_10_files_replan_in_the_disaggregated_mode_only():

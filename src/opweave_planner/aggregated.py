@@ -232,7 +232,8 @@ def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals) -> Plan:
 
     dep = plan.deployment
     arr, rate, mean_out = arrivals
-    outputs = np.full(arr.prompts.shape, max(1, round(mean_out)), dtype=np.int64)
+    outputs = arr.outputs if arr.outputs is not None else np.full(arr.prompts.shape, max(1, round(mean_out)),
+                                                                  dtype=np.int64)
     context = int(plan.workload.context_tokens)
     cands = candidates(req, seq, hw, context, int(arr.prompts.max()))
     slo_s, ttft_s = req.slo_ms / 1e3, req.ttft / 1e3
