@@ -45,7 +45,7 @@ def per_chunk(req, doc, tpot_at: float | None) -> None:
     plan's, the TTFT percentile with --ctx)."""
     tpot_at = req.ttft_at if tpot_at is None else tpot_at
     arr, rate, mean_out = replayed_arrivals(doc, req, compile_request(req, api.gpu_catalog()))
-    out = np.full(arr.prompts.shape, round(mean_out), dtype=np.int64)
+    out = arr.outputs if arr.outputs is not None else np.full(arr.prompts.shape, round(mean_out), dtype=np.int64)
     cands = agg.candidates(req, build_sequence(load_model(req.model)), api.gpu_catalog(),
                            doc.workload.context_tokens, int(arr.prompts.max()))
     print(f"| chunk | TP | B | replicas | GPUs | pure step at B (ms) | p{tpot_at:g} TPOT (ms) | mean TPOT (ms) | "

@@ -238,8 +238,9 @@ class MixedStep:
     """The step time (s) `aggregated_pool` calls, `(decode_contexts, segments)` with segments of
     (new tokens, cached prefix, prompt ends here): the aggregated mode's public mixed step-time
     function (`latency.mixed.mixed_step_us`, branch s9-agg27) on its step tables, tabulated at a
-    few decode contexts and read linearly at the step's mean decode context (the tables hold one
-    context each)."""
+    few decode contexts of its own and read linearly at the step's mean decode context (each table
+    read at its longest context, `mixed_step_us` without `contexts`: this replay's own knots, not
+    the planner's)."""
 
     def __init__(self, tables: list, contexts: np.ndarray):
         from opweave_planner.latency.mixed import mixed_step_us

@@ -5,6 +5,7 @@ invariants (a looser SLO never costs more; the two-mode choice is never dearer t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from opweave_planner import aggregated as agg
 from opweave_planner import api
 from opweave_planner.errors import UserError
 from opweave_planner.inputs.model import load_model
+from opweave_planner.latency import mixed
 from opweave_planner.latency.lookup import Parallel, op_latencies
 from opweave_planner.latency.mixed import StepTables, mixed_step_us, replay_replica, step_tables
 from opweave_planner.latency.prefill import chunk_schedule, prefill
@@ -30,10 +32,26 @@ def h100():
 def test_a_pure_decode_step_is_the_decode_tables_sum(h100, model, tp, ctx):
     seq = build_sequence(load_model(model))
     tab = step_tables(seq, h100, tp, ctx, 128, 1024, 2048)
+    assert tab.knots[-1] == ctx and tab.knots.size == mixed.CONTEXT_KNOTS
     for b in (1, 7, 64, 128):
         want = op_latencies(seq, h100, Parallel(tp, False), ctx, (b,)).lat_us[:, 0].sum()
         assert tab.decode_step_us(b) == pytest.approx(want, rel=1e-12)
         assert mixed_step_us(tab, [b], [0, 0], [], [], [])[0] == pytest.approx(want, rel=1e-12)
+        for k in tab.knots:  # at every knot: the decode tables at that context, exactly
+            want = op_latencies(seq, h100, Parallel(tp, False), int(k), (b,)).lat_us[:, 0].sum()
+            assert mixed_step_us(tab, [b], [0, 0], [], [], [], [k])[0] == pytest.approx(want, rel=1e-12)
+        # between them: within 1.5 % (measured max 1.0 % for llama-3.1-8b, 0.5 % for qwen3-30b-a3b TP2, 8,704)
+        for c in np.unique(np.geomspace(tab.knots[0], ctx, 23).round()):
+            want = op_latencies(seq, h100, Parallel(tp, False), int(c), (b,)).lat_us[:, 0].sum()
+            assert tab.decode_step_us(b, c) == pytest.approx(want, rel=0.015)
+
+
+def test_decode_attention_grows_with_the_residents_context(h100):
+    seq = build_sequence(load_model("llama-3.1-8b"))
+    tab = step_tables(seq, h100, 1, 8704, 64, 1024, 2048)
+    got = mixed_step_us(tab, [64] * 6, [0] * 7, [], [], [], [10, 64, 700, 3000, 8704, 20000])
+    assert np.all(np.diff(got) >= 0) and got[-1] > 1.5 * got[1]
+    assert got[0] == got[1] and got[-1] == got[-2]  # clipped to the first and last knot
 
 
 @pytest.mark.parametrize("prompt, chunk", [(3000, 1024), (2048, 2048), (700, 512)])
@@ -81,8 +99,10 @@ def _tables(rng, max_batch=8, max_tokens=24, max_prompt=40) -> StepTables:
 
     pass_us = np.zeros((2, max_prompt + 1))
     pass_us[:, 1:] = np.cumsum(np.cumsum(rng.uniform(0.01, 0.1, (2, max_prompt)), axis=1), axis=1) * 100
-    return StepTables("h100", 1, 64, rising(max_tokens, 100.0), rising(max_tokens, 30.0), rising(max_batch, 200.0),
-                      pass_us, np.array([2.0, 1.0]), np.array([False, bool(rng.integers(2))]))
+    knots = np.array([4.0, 16.0, 64.0])
+    dattn = np.stack([rising(max_batch, 100.0 * (1 + j)) for j in range(knots.size)])  # rising in context too
+    return StepTables("h100", 1, 64, rising(max_tokens, 100.0), rising(max_tokens, 30.0), dattn,
+                      pass_us, np.array([2.0, 1.0]), np.array([False, bool(rng.integers(2))]), knots)
 
 
 def _reference(tab, arrivals, prompts, outputs, max_batch, chunk, until=math.inf):
@@ -113,8 +133,9 @@ def _reference(tab, arrivals, prompts, outputs, max_batch, chunk, until=math.inf
                     partial, admitted, resident = [admitted, 0], admitted + 1, resident + 1
             else:
                 partial = [r, done + take]
+        ctx = [prompts[r] + outputs[r] - rem[r] for r in decoding]  # prompt + tokens generated so far
         dur = mixed_step_us(tab, [d], [0, len(segs)], [s[0] for s in segs], [s[1] for s in segs],
-                            [s[2] for s in segs])[0] * 1e-6
+                            [s[2] for s in segs], [sum(ctx) / d if d else 0.0])[0] * 1e-6
         if d and t <= until:
             steps.append((dur, d, bool(segs)))
         t += dur
@@ -178,12 +199,13 @@ def _search_case(case):
     rng = np.random.default_rng(case["seed"])
     tabs = [_tables(rng) for _ in range(2)]
     tabs[1] = StepTables("h100", 2, 64, tabs[1].linear_us * 0.6, tabs[1].head_us * 0.6,
-                         tabs[1].decode_attention_us * 0.6, tabs[1].pass_us * 0.6, tabs[1].count, tabs[1].recurrent)
+                         tabs[1].decode_attention_us * 0.6, tabs[1].pass_us * 0.6, tabs[1].count, tabs[1].recurrent,
+                         tabs[1].knots)
     cands = [agg.Candidate(t, b, c, 3.0 * t.tp) for t in tabs for b in (2, 4, 8) for c in (8, 16, 24) if c >= b]
     n = case["n"]
     times = np.cumsum(rng.exponential(1 / case["rate"], n))
     prompts = rng.integers(1, 41, n)
-    outputs = np.full(n, case["out"], dtype=np.int64)
+    outputs = rng.integers(1, case["out"] + 1, n)  # each request its own output
     return cands, times, prompts, outputs, n / float(times[-1])
 
 
@@ -191,7 +213,7 @@ def _brute(cands, times, prompts, outputs, rate, slo, ttft, max_gpus):
     best = None
     for c in cands:
         for r in range(1, max_gpus // c.tp + 1):
-            if r < agg.stable_replicas(c, rate, float(outputs.mean())):
+            if r < agg.stable_replicas(c, rate, float(outputs.mean()), agg.load_context(prompts, outputs)):
                 continue
             if agg._replayed(c, times, prompts, outputs, r).meets(slo, ttft, 95.0, 90.0) and (
                     best is None or c.key(r) < best):
@@ -294,6 +316,30 @@ def test_one_replica_fewer_breaks_what_binding_names(auto_plan):
             assert fewer.tpot_s * 1e3 > 60
         else:
             assert fewer.ttft_s * 1e3 > 1000 and fewer.tpot_s * 1e3 <= 60
+
+
+@pytest.mark.parametrize("arrivals", [dict(arrivals="trace", rate_scale=40), dict(request_rate=20)])
+def test_each_arrival_carries_its_own_output(arrivals):
+    """Trace arrivals: each row's own output; Poisson: the drawn request's (prompt, output) pair."""
+    from opweave_planner.compile import compile_request
+    from opweave_planner.deployment import replayed_arrivals
+    from opweave_planner.workload.reader import read_trace
+
+    path = str(Path(__file__).parent.parent / "examples" / "traces" / "azure-conv-sample.csv")
+    req = api.make_request(model="llama-3.1-8b", slo="60ms", workload=path, gpus="h100", policy="colocated",
+                           ttft="1s", **arrivals)
+    doc = api.plan(req).plan
+    compiled = compile_request(req, api.gpu_catalog())
+    arr, _rate, _mean = replayed_arrivals(doc, req, compiled)
+    rows = read_trace(path)
+    assert arr.outputs is not None and arr.outputs.shape == arr.prompts.shape
+    if "arrivals" in arrivals:
+        assert np.array_equal(arr.outputs, rows.output[arr.rows])
+        assert np.array_equal(arr.prompts, np.minimum(rows.prompt[arr.rows], doc.workload.window - 1))
+    else:
+        wl = compiled.workload
+        assert np.array_equal(arr.outputs, wl.output[arr.rows]) and np.array_equal(arr.prompts, wl.prompt[arr.rows])
+    assert len(set(arr.outputs.tolist())) > 10  # not one mean for all
 
 
 def test_the_1_10_files_replan_in_the_disaggregated_mode_only():

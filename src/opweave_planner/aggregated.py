@@ -31,7 +31,7 @@ from opweave_planner.plan.io import rounded
 from opweave_planner.plan.schema import AggregatedOut, Plan
 
 __all__ = ["Candidate", "Figures", "Choice", "CHUNK_CHOICES", "weighted_percentile", "stable_replicas",
-           "figures", "least_replicas", "choose", "with_aggregated"]
+           "load_context", "figures", "least_replicas", "choose", "with_aggregated"]
 
 #: chunk budgets searched besides the runtime's default (vLLM's max_num_batched_tokens); a smaller
 #: chunk makes a mixed step shorter and a prompt take more of them
@@ -90,10 +90,21 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     return float(values[order][min(at, values.size - 1)])
 
 
-def stable_replicas(cand: Candidate, rate: float, mean_output: float) -> int:
+def load_context(prompts: np.ndarray, outputs: np.ndarray) -> float:
+    """The mean context over the decode tokens: request i decodes outputs[i] - 1 tokens at
+    contexts prompts[i] + 1 ... prompts[i] + outputs[i] - 1 (its first token ends its prefill)."""
+    p, o = np.asarray(prompts, np.float64), np.asarray(outputs, np.float64)
+    tokens = o - 1.0
+    if tokens.sum() <= 0:
+        return float(p.mean() + 1.0)
+    return float((tokens * (p + o / 2.0)).sum() / tokens.sum())
+
+
+def stable_replicas(cand: Candidate, rate: float, mean_output: float, context: float | None = None) -> int:
     """The fewest replicas that can carry the decode load at all: each emits at most B tokens per
-    pure decode step at B (a mixed step is longer), so fewer than this queue without bound."""
-    per_replica = cand.batch / (cand.tables.decode_step_us(cand.batch) * 1e-6)
+    pure decode step at B (a mixed step is longer), so fewer than this queue without bound.
+    `context`: the decode tokens' mean context (`load_context`; None: the tables' longest)."""
+    per_replica = cand.batch / (cand.tables.decode_step_us(cand.batch, context) * 1e-6)
     return max(1, math.ceil(rate * mean_output / per_replica - 1e-9))
 
 
@@ -144,7 +155,7 @@ def figures(cand: Candidate, times: np.ndarray, prompts: np.ndarray, outputs: np
 def least_replicas(cand: Candidate, times, prompts, outputs, rate: float, mean_output: float, slo_s: float,
                    ttft_s: float, tpot_pct: float, ttft_pct: float, max_replicas: int) -> Figures | None:
     """The least R in [stable_replicas, max_replicas] whose replay meets both SLOs (None: none)."""
-    for r in range(stable_replicas(cand, rate, mean_output), max_replicas + 1):
+    for r in range(stable_replicas(cand, rate, mean_output, load_context(prompts, outputs)), max_replicas + 1):
         got = _replayed(cand, times, prompts, outputs, r)
         if got.meets(slo_s, ttft_s, tpot_pct, ttft_pct):
             return got.figures(tpot_pct, ttft_pct)
@@ -155,7 +166,8 @@ def choose(cands: list[Candidate], times, prompts, outputs, rate: float, mean_ou
            ttft_s: float, tpot_pct: float, ttft_pct: float, max_gpus: int = MAX_GPU_BUDGET) -> Choice | None:
     """The cheapest (candidate, R) meeting both SLOs (ties: fewer GPUs, GPU id, TP, B, chunk)."""
     best: tuple | None = None
-    floors = [(c.key(stable_replicas(c, rate, mean_output)), i) for i, c in enumerate(cands)]
+    ctx = load_context(prompts, outputs)
+    floors = [(c.key(stable_replicas(c, rate, mean_output, ctx)), i) for i, c in enumerate(cands)]
     for floor, i in sorted(floors):  # cheapest floor first: a good incumbent early
         cand = cands[i]
         if best is not None and floor > best[0]:
@@ -205,7 +217,7 @@ def _binding(choice: Choice, times, prompts, outputs, rate, mean_output, slo_s, 
              ttft_pct) -> str:
     """What keeps the chosen candidate from one replica fewer: throughput, tpot or ttft."""
     cand, r = choice.candidate, choice.figures.replicas
-    if r - 1 < stable_replicas(cand, rate, mean_output):
+    if r - 1 < stable_replicas(cand, rate, mean_output, load_context(prompts, outputs)):
         return "throughput"
     fewer = _replayed(cand, times, prompts, outputs, r - 1)
     return "ttft" if fewer.meets(slo_s, math.inf, tpot_pct, ttft_pct) else "tpot"
@@ -220,7 +232,8 @@ def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals) -> Plan:
 
     dep = plan.deployment
     arr, rate, mean_out = arrivals
-    outputs = np.full(arr.prompts.shape, max(1, round(mean_out)), dtype=np.int64)
+    outputs = arr.outputs if arr.outputs is not None else np.full(arr.prompts.shape, max(1, round(mean_out)),
+                                                                  dtype=np.int64)
     context = int(plan.workload.context_tokens)
     cands = candidates(req, seq, hw, context, int(arr.prompts.max()))
     slo_s, ttft_s = req.slo_ms / 1e3, req.ttft / 1e3

@@ -166,7 +166,29 @@ def _arrivals(req: PlanRequest, mean_output: float, window: int, workload) -> tu
             prompts = workload.prompt
         arr = poisson(rate, POISSON_REQUESTS, prompts, POISSON_SEED)
     capped = np.minimum(arr.prompts, max(window - 1, 1))
-    return Arrivals(arr.times_s, np.maximum(capped, 1), arr.source), float(rate)
+    return Arrivals(arr.times_s, np.maximum(capped, 1), arr.source, arr.rows, _outputs(req, arr, workload)), float(rate)
+
+
+def _outputs(req: PlanRequest, arr: Arrivals, workload) -> np.ndarray | None:
+    """Each arrival's output tokens as the shaped workload serves it: the fixed --output-len, the
+    drawn request's (Poisson from a trace's kept requests), or the trace row's own under
+    --max-model-len (`shaping.fit_requests`; a row it drops is prefilled and not decoded: 1, its
+    first token only)."""
+    if req.workload is None:
+        return np.full(arr.prompts.size, max(1, int(req.lengths[1])), dtype=np.int64)
+    if req.arrivals != "trace":
+        return np.asarray(workload.output, dtype=np.int64)[arr.rows]
+    from opweave_planner.workload.reader import read_trace
+    from opweave_planner.workload.shaping import _scaled, fit_requests
+
+    rows = read_trace(req.workload)
+    if rows.output.size != arr.prompts.size:  # rows without a timestamp: the rows do not pair
+        return None
+    o = rows.output.astype(np.int64)
+    if workload.spec.max_model_len is not None:
+        _p, o, keep, _ = fit_requests(_scaled(rows.prompt, workload.scale), o, workload.spec.max_model_len, workload.spec.overflow)
+        o = np.where(keep, o, 1)
+    return np.maximum(o, 1)[arr.rows]
 
 
 def _times(lengths: np.ndarray, one) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

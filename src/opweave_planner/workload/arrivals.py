@@ -25,11 +25,15 @@ __all__ = ["Arrivals", "poisson", "from_trace"]
 
 @dataclass(frozen=True, eq=False)
 class Arrivals:
-    """Arrival times (s, non-decreasing, first at 0 for a trace) and each request's prompt tokens."""
+    """Arrival times (s, non-decreasing, first at 0 for a trace) and each request's prompt tokens;
+    `rows`: each arrival's row of the file (a trace) or of the length pool drawn from (Poisson),
+    so that its other lengths can be looked up (None: not known)."""
 
     times_s: np.ndarray
     prompts: np.ndarray
     source: str
+    rows: np.ndarray | None = None
+    outputs: np.ndarray | None = None  # each request's output tokens, where its workload gives them
 
     @property
     def rate(self) -> float:
@@ -49,8 +53,8 @@ def poisson(rate: float, n: int, prompts, seed: int = 0) -> Arrivals:
     gaps = rng.exponential(1.0 / rate, n)
     times = np.cumsum(gaps) - gaps[0]
     pool = np.atleast_1d(np.asarray(prompts, dtype=np.int64))
-    lengths = pool if pool.size == n else (np.full(n, pool[0]) if pool.size == 1 else rng.choice(pool, n))
-    return Arrivals(times, lengths.astype(np.int64), f"poisson {rate:g}/s seed {seed}")
+    rows = np.arange(n) if pool.size == n else (np.zeros(n, np.int64) if pool.size == 1 else rng.choice(pool.size, n))
+    return Arrivals(times, pool[rows].astype(np.int64), f"poisson {rate:g}/s seed {seed}", rows)
 
 
 def from_trace(path: str | Path, rate_scale: float = 1.0) -> Arrivals:
@@ -73,7 +77,7 @@ def from_trace(path: str | Path, rate_scale: float = 1.0) -> Arrivals:
     t = np.asarray(times, dtype=np.float64)
     order = np.argsort(t, kind="stable")
     t = (t[order] - t[order][0]) / rate_scale
-    return Arrivals(t, np.asarray(prompts, dtype=np.int64)[order], f"{p.name} x{rate_scale:g}")
+    return Arrivals(t, np.asarray(prompts, dtype=np.int64)[order], f"{p.name} x{rate_scale:g}", order)
 
 
 def _jsonl(p: Path, text: str) -> tuple[list[float], list[int]]:
