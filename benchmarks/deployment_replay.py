@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import math
 import sys
 import time
 from collections import deque
@@ -370,8 +369,8 @@ def decode_model(plan, trace: str | None = None):
     pall = allc.problem(tmpl, batches=(sel.batch,))
     kt = np.zeros((prob.stage_owner.size, bh + 1, prob.knots.size))
     for n in range(1, bh + 1):
-        kt[:, n], _mem = _stage_tables(pall, sel._replace(mb=np.array([grid[n]], np.int64)))
-    assert np.allclose(kt[:, bh], _stage_tables(prob, sel)[0]), "occupancy tables disagree with the plan's"
+        kt[:, n], _mem = _stage_tables(pall, sel._replace(mb=np.array([grid[n]], np.int64)), allc.tables)
+    assert np.allclose(kt[:, bh], _stage_tables(prob, sel, ctx.tables)[0]), "occupancy tables disagree with the plan's"
     units = plan.deployment.copies * int(sel.replicas[0])
     dm = DecodeModel(np.asarray(prob.stage_owner), kt, np.asarray(prob.knots), ev.occ, ev.latv, sel.mu, bh, units)
     return dm, ctx, allc, tmpl, sel

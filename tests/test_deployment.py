@@ -173,7 +173,7 @@ def test_a_disaggregated_plan_records_both_pools():
                            output_len="1k", ttft="800ms", request_rate=6)
     doc = api.plan(req).plan
     dep, pool = doc.deployment, doc.deployment.prefill
-    assert doc.schema_version == "1.10" and dep.mode == "disaggregated"
+    assert doc.schema_version == "1.12" and dep.mode == "disaggregated"
     assert dep.arrivals.rate == 6 and dep.target_tokens_per_s == 6 * 1024
     assert pool.ttft_ms <= 800 and pool.gpus == pool.instances * pool.tensor_parallel
     total = dep.usd_per_hour + pool.usd_per_hour
@@ -210,7 +210,7 @@ def test_a_plan_without_ttft_says_decode_only():
 
     req = api.make_request(**BASE, policy="colocated", batches="8,16", max_owners=1, target_tokens_per_s=5000)
     doc = api.plan(req).plan
-    assert doc.deployment.mode is None and doc.schema_version != "1.10"
+    assert doc.deployment.mode is None and doc.schema_version not in ("1.10", "1.12")
     assert "(decode only)" in report.plan_headline(doc)
 
 

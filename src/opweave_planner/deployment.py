@@ -32,7 +32,7 @@ from opweave_planner.plan.schema import ArrivalsOut, Plan, PrefillPoolOut
 from opweave_planner.workload.arrivals import Arrivals, from_trace, poisson
 
 __all__ = ["POISSON_REQUESTS", "POISSON_SEED", "PoolOption", "PoolChoice", "least_instances", "choose_pool",
-           "sized", "stable_instances", "whole_deployment", "AtOccupancy", "pooled_percentile", "open_occupancy",
+           "sized", "stable_instances", "whole_deployment", "AtOccupancy", "OnGrid", "pooled_percentile", "open_occupancy",
            "load_tpot"]
 
 POISSON_REQUESTS = 20_000  # arrivals replayed for a Poisson rate (seeded: same plan bytes)
@@ -319,11 +319,11 @@ def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, 
         "usd_per_million_output_tokens_prefill": rounded(prefill_usd / out_m),
         "usd_per_million_input_tokens": rounded(prefill_usd / in_m),
         "binding_pool": "prefill" if prefill_usd > dep.usd_per_hour else "decode"})
-    at_load = load_tpot(plan, rate, mean_out, dep.copies)
+    at_load = load_tpot(plan, rate * _decoded_share(req, compiled.workload), mean_out, dep.copies)
     if at_load is not None:
         dep = dep.model_copy(update={"mean_occupancy_at_load": rounded(at_load[0]),
                                      "tpot_p95_at_load_ms": rounded(at_load[1]),
-                                     "tpot_p95_full_occupancy_ms": plan.tpot.p95_ms})
+                                     "tpot_p95_full_occupancy_ms": full_p95_ms(plan)})
     doc = plan.model_copy(update={"deployment": dep})
     return doc.model_copy(update={"schema_version": plan_version(doc)})
 
@@ -346,7 +346,8 @@ class AtOccupancy:
             b = int(n) * sel.mu * int(sel.replicas[0])
             s = sel._replace(batch=b, mb=np.array([self.compiled.tables.grid.mb_index[n]], np.int64))
             ev = evaluate(self.compiled.problem(self.tmpl, batches=(b,)), s)
-            self.memo[n] = (np.sort(np.asarray(ev.samples)) / 1e6, float(ev.t_mean) / 1e6)
+            samples = np.asarray(ev.samples) if ev.samples.size else np.array([ev.t_rtt])  # a fixed --ctx: one period
+            self.memo[n] = (np.sort(samples) / 1e6, float(ev.t_mean) / 1e6)
         return self.memo[n]
 
 
@@ -364,40 +365,75 @@ def pooled_percentile(at, weight: dict[int, float], pct: float = 95.0) -> float:
     return float(v[o][np.searchsorted(c, pct / 100 - 1e-12)])
 
 
+class OnGrid:
+    """The evaluator `at` read at any occupancy from its values at `grid` (sorted, 1..cap): between
+    two grid points each order statistic and the mean linear in n (quantiles interpolated, not
+    distributions mixed: a mixture of the neighbours would widen the tail). On every integer's
+    grid it is `at` itself."""
+
+    def __init__(self, at, grid):
+        self.at, self.grid = at, np.asarray(grid, np.int64)
+
+    def __call__(self, k: int) -> tuple[np.ndarray, float]:
+        g = self.grid
+        j = int(np.searchsorted(g, k))
+        if j < g.size and g[j] == k:
+            return self.at(int(k))
+        lo, hi = int(g[j - 1]), int(g[j])
+        (vl, ml), (vh, mh) = self.at(lo), self.at(hi)
+        if vl.size != vh.size:  # a common probability grid
+            q = (np.arange(max(vl.size, vh.size)) + 0.5) / max(vl.size, vh.size)
+            vl, vh = np.quantile(vl, q, method="inverted_cdf"), np.quantile(vh, q, method="inverted_cdf")
+        f = (k - lo) / (hi - lo)
+        return (1 - f) * vl + f * vh, (1 - f) * ml + f * mh
+
+
 def open_occupancy(at, grid, rate: float, mean_output: float, cap: int,
                    pct: float = 95.0) -> tuple[float, float]:
     """(mean occupancy N, TPOT percentile s) of one microbatch fed `rate` requests/s, from the
-    evaluator `at` at the occupancies `grid` (sorted, from 1 to `cap`; between them linear).
+    evaluator `at` at the occupancies `grid` (sorted, from 1 to `cap`; between them `OnGrid`).
 
     N solves Little's law N = rate x mean output x mean TPOT(N) (the least fixed point, by
-    iteration from 1: the right side is nondecreasing in N); the occupancy a token sees is then
-    n Poisson(n; N) / N (an M/G/inf system: residents of an open system with ample slots are
-    Poisson), beyond `cap` lumped at cap, each n's weight split between its two grid neighbours;
-    the TPOT percentile is pooled over it. At full load (N = cap) it is the evaluator's at cap."""
-    grid = np.asarray(grid, np.int64)
-    means = np.array([at(int(g))[1] for g in grid])
+    iteration from 1: the right side is nondecreasing in N; mean TPOT linear between integers);
+    the occupancy a token sees is then n Poisson(n; N) / N (an M/G/inf system: residents of an
+    open system with ample slots are Poisson), beyond `cap` lumped at cap; the TPOT percentile is
+    pooled over it. At full load (N = cap) it is the evaluator's at cap."""
+    on = OnGrid(at, grid)
+
+    def mean_at(x: float) -> float:
+        lo = min(max(int(np.floor(x)), 1), cap)
+        hi = min(lo + 1, cap)
+        w = min(max(x - lo, 0.0), 1.0)
+        return (1 - w) * on(lo)[1] + w * on(hi)[1]
+
     n = 1.0
     for _ in range(200):
-        nxt = min(rate * mean_output * float(np.interp(n, grid, means)), float(cap))
+        nxt = min(rate * mean_output * mean_at(n), float(cap))
         if abs(nxt - n) < 1e-6:
             break
         n = nxt
     if n >= cap:
-        return float(cap), pooled_percentile(at, {int(cap): 1.0}, pct)
+        return float(cap), pooled_percentile(on, {int(cap): 1.0}, pct)
     ks = np.arange(max(1, int(n - 6 * np.sqrt(n) - 2)), int(n + 6 * np.sqrt(n) + 3))
     lg = np.array([math.lgamma(k + 1.0) for k in ks])
     pmf = np.exp(ks * math.log(n) - n - lg) * ks
     weight: dict[int, float] = {}
-    for k, w in zip(np.minimum(ks, cap), pmf):
-        j = int(np.searchsorted(grid, k))  # grid[j - 1] < k <= grid[j]
-        if grid[j] == k or j == 0:
-            weight[int(grid[j])] = weight.get(int(grid[j]), 0.0) + float(w)
-            continue
-        lo, hi = int(grid[j - 1]), int(grid[j])
-        f = (k - lo) / (hi - lo)
-        weight[lo] = weight.get(lo, 0.0) + float(w) * (1 - f)
-        weight[hi] = weight.get(hi, 0.0) + float(w) * f
-    return n, pooled_percentile(at, weight, pct)
+    for k, w in zip(np.minimum(ks, cap).tolist(), pmf.tolist()):
+        weight[k] = weight.get(k, 0.0) + w
+    return n, pooled_percentile(on, weight, pct)
+
+
+def _decoded_share(req: PlanRequest, workload) -> float:
+    """The share of the arrivals the decode copies serve: a trace's rows the window drops are
+    prefilled (the prefill pool counts them) but never decoded; Poisson draws only kept requests."""
+    if req.arrivals != "trace" or not workload.dropped:
+        return 1.0
+    return workload.requests / (workload.requests + workload.dropped)
+
+
+def full_p95_ms(plan: Plan) -> float:
+    """The plan's p95 TPOT with every microbatch full (a fixed --ctx: its one period)."""
+    return plan.tpot.p95_ms if plan.tpot is not None else plan.tpot_ms
 
 
 def load_grid(cap: int, points: int = LOAD_OCCUPANCIES) -> np.ndarray:
