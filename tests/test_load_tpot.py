@@ -150,3 +150,18 @@ def test_a_coarse_grid_is_exact_when_the_periods_are_linear_in_the_occupancy(cap
     every = open_occupancy(at, np.arange(1, cap + 1), rate, 100.0, cap)
     coarse = open_occupancy(at, grid, rate, 100.0, cap)
     assert coarse == pytest.approx(every, rel=1e-9)
+
+
+def test_simulate_reproduces_the_load_figures_and_a_faster_rate_raises_them(plan_and_at, tmp_path):
+    from opweave_planner.contract import evaluate_plan
+
+    doc = plan_and_at[0]
+    if doc.deployment.arrivals.process != "poisson":
+        pytest.skip("a rate override applies to Poisson arrivals")
+    same = evaluate_plan(doc).plan.deployment
+    assert same == doc.deployment
+    faster = evaluate_plan(doc, request_rate=doc.deployment.arrivals.rate * 2).plan.deployment
+    per_copy = lambda d: d.arrivals.rate / d.copies
+    if per_copy(faster) > per_copy(doc.deployment):
+        assert faster.mean_occupancy_at_load > same.mean_occupancy_at_load
+        assert faster.tpot_p95_at_load_ms >= same.tpot_p95_at_load_ms

@@ -33,7 +33,7 @@ from opweave_planner.workload.arrivals import Arrivals, from_trace, poisson
 
 __all__ = ["POISSON_REQUESTS", "POISSON_SEED", "PoolOption", "PoolChoice", "least_instances", "choose_pool",
            "sized", "stable_instances", "whole_deployment", "AtOccupancy", "OnGrid", "pooled_percentile", "open_occupancy",
-           "load_tpot"]
+           "load_tpot", "with_load_tpot"]
 
 POISSON_REQUESTS = 20_000  # arrivals replayed for a Poisson rate (seeded: same plan bytes)
 POISSON_SEED = 0
@@ -319,11 +319,6 @@ def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, 
         "usd_per_million_output_tokens_prefill": rounded(prefill_usd / out_m),
         "usd_per_million_input_tokens": rounded(prefill_usd / in_m),
         "binding_pool": "prefill" if prefill_usd > dep.usd_per_hour else "decode"})
-    at_load = load_tpot(plan, rate * _decoded_share(req, compiled.workload), mean_out, dep.copies)
-    if at_load is not None:
-        dep = dep.model_copy(update={"mean_occupancy_at_load": rounded(at_load[0]),
-                                     "tpot_p95_at_load_ms": rounded(at_load[1]),
-                                     "tpot_p95_full_occupancy_ms": full_p95_ms(plan)})
     doc = plan.model_copy(update={"deployment": dep})
     return doc.model_copy(update={"schema_version": plan_version(doc)})
 
@@ -441,21 +436,37 @@ def load_grid(cap: int, points: int = LOAD_OCCUPANCIES) -> np.ndarray:
     return np.unique(np.geomspace(1, max(cap, 1), min(points, max(cap, 1))).round().astype(np.int64))
 
 
-def load_tpot(plan: Plan, rate: float, mean_output: float, copies: int,
-              grid: np.ndarray | None = None) -> tuple[float, float] | None:
-    """(mean occupancy per microbatch, p95 TPOT ms) of `plan`'s decode copies at `rate` requests/s
-    spread over `copies` copies (`open_occupancy` over the evaluator at `grid`, default
-    `load_grid`); None for a plan of several owners (their replica barrier couples occupancies)."""
+def load_tpot(plan: Plan, ctx, tmpl, sel, grid: np.ndarray | None = None) -> tuple[float, float] | None:
+    """(mean occupancy per microbatch, p95 TPOT ms) of `plan`'s decode copies at its deployment's
+    decoded arrival rate (`open_occupancy` over the evaluator at `grid`, default `load_grid`);
+    `ctx, tmpl, sel`: the plan's placement compiled for its owners (`contract.plan_context`).
+    None without a disaggregated deployment, or for several owners (their replica barrier couples
+    the occupancies)."""
     from opweave_planner.compile import compile_request
-    from opweave_planner.contract import plan_context
 
-    if len(plan.owners) != 1:
+    dep = plan.deployment
+    if dep is None or dep.mode != "disaggregated" or len(plan.owners) != 1:
         return None
-    ctx, tmpl, sel = plan_context(plan, where="load TPOT")
     cap = int(plan.owners[0].microbatch)
     grid = load_grid(cap) if grid is None else np.asarray(grid, np.int64)
     per = sel.mu * int(sel.replicas[0])
     at_grid = ctx.request.model_copy(update={"batches": tuple(int(g) * per for g in grid)})
     at = AtOccupancy(compile_request(at_grid, ctx.hw, ctx.seq.model), tmpl, sel)
-    n, p = open_occupancy(at, grid, rate / (copies * per), mean_output, cap)
+    rate = dep.arrivals.rate * _decoded_share(ctx.request, ctx.workload)
+    n, p = open_occupancy(at, grid, rate / (dep.copies * per), dep.arrivals.mean_output_tokens, cap)
     return n, p * 1e3
+
+
+def with_load_tpot(plan: Plan, ctx, tmpl, sel) -> Plan:
+    """`plan` with its deployment's TPOT at load recorded (schema 1.12) beside the full-occupancy
+    guarantee; unchanged where `load_tpot` has no figure."""
+    from opweave_planner.plan import plan_version
+
+    got = load_tpot(plan, ctx, tmpl, sel)
+    if got is None:
+        return plan
+    dep = plan.deployment.model_copy(update={
+        "mean_occupancy_at_load": rounded(got[0]), "tpot_p95_at_load_ms": rounded(got[1]),
+        "tpot_p95_full_occupancy_ms": full_p95_ms(plan)})
+    doc = plan.model_copy(update={"deployment": dep})
+    return doc.model_copy(update={"schema_version": plan_version(doc)})
