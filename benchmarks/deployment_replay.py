@@ -410,8 +410,8 @@ def requests_of(plan, ctx, trace: str | None, seed: int, n: int | None) -> Reque
         if n is not None:
             times, idx = times[:n], idx[:n]
         source = f"{Path(path).name} x{rec.rate_scale or 1.0:g}"
-    else:  # row indices drawn by the arrivals' own generator (n equal to the rows: each row once)
-        arr = poisson(rec.rate, n or rec.requests, np.arange(p.size), seed)
+    else:  # kept row indices drawn by the arrivals' own generator, as the plan draws the kept requests
+        arr = poisson(rec.rate, n or rec.requests, np.nonzero(keep)[0], seed)
         times, idx, source = arr.times_s, arr.prompts, arr.source
     capped = np.maximum(np.minimum(raw.prompts[idx], max(plan.workload.window - 1, 1)), 1)
     return Requests(times, capped.astype(np.int64), p[idx], o[idx], source)
@@ -494,7 +494,7 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load
 
 
 def report(path: str, plan, dm, runs) -> None:
-    from opweave_planner.deployment import KNOTS
+    from opweave_planner.deployment import KNOT_TOL, KNOTS
 
     dep, pool, tp = plan.deployment, plan.deployment.prefill, plan.tpot
     print(f"{path}: {plan.model}, decode {dep.copies} cop{'y' if dep.copies == 1 else 'ies'} x "
@@ -515,7 +515,8 @@ def report(path: str, plan, dm, runs) -> None:
         print(f"  (the planner's queue, latency.ttft.replay, on this replay's per-length prefill times: p{p:g} "
               f"{run['kernel_ttft_s'] * 1e3:.1f} ms, with every prefill 1 % longer {run['kernel_up_s'] * 1e3:.1f} ms; "
               f"the plan's figure reads its prefill times off "
-              f"{KNOTS} log-spaced prompt lengths when there are more distinct ones)")
+              f"lengths evaluated exactly past {KNOTS} distinct ones: {KNOTS} log-spaced, both sides of every chunk "
+              f"step, and midpoints where the line is off by more than {KNOT_TOL:g}; linear between)")
         decoded = ~np.isnan(r.ttft_token)
         if not decoded.all():
             print(f"  ({int((~decoded).sum())} requests the window drops are prefilled, not decoded: kv p{p:g} over "
@@ -617,7 +618,7 @@ def report_aggregated(path: str, plan, runs) -> None:
 
 
 def compare_knots(path: str) -> None:
-    """The plan's prefill times (deployment._options: knot-interpolated past KNOTS distinct lengths)
+    """The plan's prefill times (deployment._options: refined interpolation past KNOTS distinct lengths)
     against every length's own (`prefill_times`), on the plan's first replayed arrivals."""
     from opweave_planner.contract import plan_context, read_feasible_plan
     from opweave_planner.deployment import _options
@@ -625,14 +626,20 @@ def compare_knots(path: str) -> None:
     plan = read_feasible_plan(path)
     ctx, _t, _s = plan_context(plan, where="deployment replay")
     rq = requests_of(plan, ctx, None, 1, None)
+    t0 = time.perf_counter()
     exact, _h = prefill_times(plan, ctx, rq.prompt)
+    t_exact = time.perf_counter() - t0
     full, _t, _s = plan_context(plan, where="deployment replay", searched=True)
     pool = plan.deployment.prefill
-    opt = next(o for o in _options(full.request, full.seq, full.hw, rq.prompt)
-               if (o.gpu, o.tp) == (pool.gpu, pool.tensor_parallel))
-    rel = opt.service_s / exact - 1
-    print(f"  plan's prefill times vs every length's own: max |relative difference| {np.abs(rel).max():.4f}, "
-          f"mean {opt.service_s.mean() / exact.mean() - 1:+.4f} ({np.unique(rq.prompt).size} distinct lengths)")
+    t0 = time.perf_counter()
+    options = _options(full.request, full.seq, full.hw, rq.prompt)
+    t_plan = time.perf_counter() - t0
+    opt = next(o for o in options if (o.gpu, o.tp) == (pool.gpu, pool.tensor_parallel))
+    rel = np.abs(opt.service_s / exact - 1)
+    print(f"  plan's prefill times vs every length's own: per request max |relative difference| {rel.max():.4f}, "
+          f"mean {rel.mean():.6f}; of the mean {opt.service_s.mean() / exact.mean() - 1:+.5f} "
+          f"({np.unique(rq.prompt).size} distinct lengths); the plan's times for all {len(options)} options "
+          f"{t_plan:.2f} s, every length's own for this one option {t_exact:.2f} s")
 
 
 def summary(path: str, plan, runs) -> None:
@@ -669,7 +676,7 @@ def main(argv=None) -> int:
     ap.add_argument("--as-planned", default="", help="aggregated: keep these of the planner's simplifications "
                     "(comma list of context: decodes at context_tokens, outputs: mean outputs, routing: "
                     "round-robin), to check the engine against the plan")
-    ap.add_argument("--compare-knots", action="store_true", help="also compare the plan's knot-interpolated "
+    ap.add_argument("--compare-knots", action="store_true", help="also compare the plan's interpolated "
                     "prefill times with every prompt length's own")
     ap.add_argument("--load", type=float, default=1.0, help="stress run: arrivals this many times faster "
                     "than the plan's (the predicted TTFT then does not apply)")
