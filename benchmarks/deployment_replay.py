@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import math
 import sys
 import time
 from collections import deque
@@ -371,8 +370,8 @@ def decode_model(plan, trace: str | None = None):
     pall = allc.problem(tmpl, batches=(sel.batch,))
     kt = np.zeros((prob.stage_owner.size, bh + 1, prob.knots.size))
     for n in range(1, bh + 1):
-        kt[:, n], _mem = _stage_tables(pall, sel._replace(mb=np.array([grid[n]], np.int64)))
-    assert np.allclose(kt[:, bh], _stage_tables(prob, sel)[0]), "occupancy tables disagree with the plan's"
+        kt[:, n], _mem = _stage_tables(pall, sel._replace(mb=np.array([grid[n]], np.int64)), allc.tables)
+    assert np.allclose(kt[:, bh], _stage_tables(prob, sel, ctx.tables)[0]), "occupancy tables disagree with the plan's"
     units = plan.deployment.copies * int(sel.replicas[0])
     dm = DecodeModel(np.asarray(prob.stage_owner), kt, np.asarray(prob.knots), ev.occ, ev.latv, sel.mu, bh, units)
     return dm, ctx, allc, tmpl, sel
@@ -412,8 +411,8 @@ def requests_of(plan, ctx, trace: str | None, seed: int, n: int | None) -> Reque
         if n is not None:
             times, idx = times[:n], idx[:n]
         source = f"{Path(path).name} x{rec.rate_scale or 1.0:g}"
-    else:  # row indices drawn by the arrivals' own generator (n equal to the rows: each row once)
-        arr = poisson(rec.rate, n or rec.requests, np.arange(p.size), seed)
+    else:  # kept row indices drawn by the arrivals' own generator, as the plan draws the kept requests
+        arr = poisson(rec.rate, n or rec.requests, np.nonzero(keep)[0], seed)
         times, idx, source = arr.times_s, arr.prompts, arr.source
     capped = np.maximum(np.minimum(raw.prompts[idx], max(plan.workload.window - 1, 1)), 1)
     return Requests(times, capped.astype(np.int64), p[idx], o[idx], source)
@@ -444,65 +443,6 @@ def prefill_times(plan, ctx, prompts: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return got[inv, 0], got[inv, 1]
 
 
-class AtOccupancy:
-    """The plan's own evaluator (stationary context law, snapshot periods) with every microbatch
-    holding n requests instead of the plan's: its sorted periods and mean (s), cached per n."""
-
-    def __init__(self, allc, tmpl, sel):
-        self.allc, self.tmpl, self.sel, self.memo = allc, tmpl, sel, {}
-
-    def __call__(self, n: int) -> tuple[np.ndarray, float]:
-        from opweave_planner.search.evaluate import evaluate
-
-        if n not in self.memo:
-            sel = self.sel
-            b = int(n) * sel.mu * int(sel.replicas[0])
-            s = sel._replace(batch=b, mb=np.array([self.allc.tables.grid.mb_index[n]], np.int64))
-            ev = evaluate(self.allc.problem(self.tmpl, batches=(b,)), s)
-            self.memo[n] = (np.asarray(ev.samples) / 1e6, float(ev.t_mean) / 1e6)
-        return self.memo[n]
-
-
-def pooled_percentile(at: AtOccupancy, weight: np.ndarray, pct: float = 95.0) -> float:
-    """The `pct` percentile (s) of the evaluator's periods at each occupancy n, pooled with weight[n]."""
-    vals, wts = [], []
-    for n in np.nonzero(weight)[0]:
-        v, _mean = at(int(n))
-        vals.append(v)
-        wts.append(np.full(v.size, weight[n] / v.size))
-    v, w = np.concatenate(vals), np.concatenate(wts)
-    o = np.argsort(v, kind="stable")
-    c = np.cumsum(w[o]) / w.sum()
-    return float(v[o][np.searchsorted(c, pct / 100 - 1e-12)])
-
-
-def predicted_open(at: AtOccupancy, rate_per_unit: float, mean_output: float, cap: int,
-                   pct: float = 95.0) -> tuple[float, float]:
-    """A prediction with no replay in it: (mean occupancy N, p95 TPOT s) of one decode unit fed
-    `rate_per_unit` requests/s. N solves Little's law N = rate x mean output x mean TPOT(N) (the
-    least fixed point, by iteration from 1: the right side is nondecreasing in N); the occupancy a
-    token sees is then n Poisson(n; N) / N (an M/G/inf system: residents of an open system with
-    ample slots are Poisson), beyond `cap` lumped at cap; TPOT is pooled over it."""
-    def mean_at(x: float) -> float:
-        lo = min(max(int(np.floor(x)), 1), cap)
-        hi = min(lo + 1, cap)
-        w = min(max(x - lo, 0.0), 1.0)
-        return (1 - w) * at(lo)[1] + w * at(hi)[1]
-
-    n = 1.0
-    for _ in range(200):
-        nxt = min(rate_per_unit * mean_output * mean_at(n), float(cap))
-        if abs(nxt - n) < 1e-6:
-            break
-        n = nxt
-    grid = np.arange(max(1, int(n - 6 * np.sqrt(n) - 2)), int(n + 6 * np.sqrt(n) + 3))
-    lg = np.array([math.lgamma(g + 1.0) for g in grid])
-    pmf = np.exp(grid * math.log(n) - n - lg) * grid
-    weight = np.zeros(cap + 1)
-    np.add.at(weight, np.minimum(grid, cap), pmf)
-    return n, pooled_percentile(at, weight, pct)
-
-
 def _q(x: np.ndarray, p: float) -> float:
     """A percentile over the requests that have the figure (NaN: not decoded)."""
     return float(np.nanpercentile(x, p))
@@ -514,6 +454,7 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load
     stress run, not the plan's deployment: arrivals `load` times faster through `instances` prefill
     servers (to fill the decode slots and check the replay against the plan's full-occupancy TPOT)."""
     from opweave_planner.contract import read_feasible_plan
+    from opweave_planner.deployment import AtOccupancy, open_occupancy, pooled_percentile
     from opweave_planner.errors import UserError
 
     plan = read_feasible_plan(path)
@@ -540,10 +481,11 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load
         servers, pct = instances or dep.prefill.instances, dep.prefill.ttft_percentile
         kernel = ttft_stats(rq.arrival, service, servers, handoff, pct).percentile_s  # the planner's queue
         kernel_up = ttft_stats(rq.arrival, service * 1.01, servers, handoff, pct).percentile_s  # its sensitivity
-        occ_pred = pooled_percentile(at, r.occupancy)
+        occ_pred = pooled_percentile(at, dict(enumerate(r.occupancy.tolist())))
         decoded = rq.output > 0
         rate_u = (decoded.sum() - 1) / max(float(rq.arrival[decoded][-1] - rq.arrival[decoded][0]), 1e-12) / dm.units
-        open_n, open_p95 = predicted_open(at, rate_u, float(rq.output[decoded].mean()), dm.cap)
+        open_n, open_p95 = open_occupancy(at, np.arange(1, dm.cap + 1), rate_u / dm.mu,
+                                          float(rq.output[decoded].mean()), dm.cap)
         mean_occ = float((np.arange(dm.cap + 1) * r.step_occupancy).sum() / r.step_occupancy.sum())
         runs.append({"seed": seed if dep.arrivals.process == "poisson" else None, "requests": rq.arrival.size,
                      "source": rq.source, "r": r, "occ_pred_s": occ_pred, "mean_occupancy": mean_occ, "kernel_ttft_s": kernel, "kernel_up_s": kernel_up,
@@ -553,7 +495,7 @@ def run_plan(path: str, trace: str | None, seeds: list[int], n: int | None, load
 
 
 def report(path: str, plan, dm, runs) -> None:
-    from opweave_planner.deployment import KNOTS
+    from opweave_planner.deployment import KNOT_TOL, KNOTS
 
     dep, pool, tp = plan.deployment, plan.deployment.prefill, plan.tpot
     print(f"{path}: {plan.model}, decode {dep.copies} cop{'y' if dep.copies == 1 else 'ies'} x "
@@ -574,7 +516,8 @@ def report(path: str, plan, dm, runs) -> None:
         print(f"  (the planner's queue, latency.ttft.replay, on this replay's per-length prefill times: p{p:g} "
               f"{run['kernel_ttft_s'] * 1e3:.1f} ms, with every prefill 1 % longer {run['kernel_up_s'] * 1e3:.1f} ms; "
               f"the plan's figure reads its prefill times off "
-              f"{KNOTS} log-spaced prompt lengths when there are more distinct ones)")
+              f"lengths evaluated exactly past {KNOTS} distinct ones: {KNOTS} log-spaced, both sides of every chunk "
+              f"step, and midpoints where the line is off by more than {KNOT_TOL:g}; linear between)")
         decoded = ~np.isnan(r.ttft_token)
         if not decoded.all():
             print(f"  ({int((~decoded).sum())} requests the window drops are prefilled, not decoded: kv p{p:g} over "
@@ -676,7 +619,7 @@ def report_aggregated(path: str, plan, runs) -> None:
 
 
 def compare_knots(path: str) -> None:
-    """The plan's prefill times (deployment._options: knot-interpolated past KNOTS distinct lengths)
+    """The plan's prefill times (deployment._options: refined interpolation past KNOTS distinct lengths)
     against every length's own (`prefill_times`), on the plan's first replayed arrivals."""
     from opweave_planner.contract import plan_context, read_feasible_plan
     from opweave_planner.deployment import _options
@@ -684,29 +627,39 @@ def compare_knots(path: str) -> None:
     plan = read_feasible_plan(path)
     ctx, _t, _s = plan_context(plan, where="deployment replay")
     rq = requests_of(plan, ctx, None, 1, None)
+    t0 = time.perf_counter()
     exact, _h = prefill_times(plan, ctx, rq.prompt)
+    t_exact = time.perf_counter() - t0
     full, _t, _s = plan_context(plan, where="deployment replay", searched=True)
     pool = plan.deployment.prefill
-    opt = next(o for o in _options(full.request, full.seq, full.hw, rq.prompt)
-               if (o.gpu, o.tp) == (pool.gpu, pool.tensor_parallel))
-    rel = opt.service_s / exact - 1
-    print(f"  plan's prefill times vs every length's own: max |relative difference| {np.abs(rel).max():.4f}, "
-          f"mean {opt.service_s.mean() / exact.mean() - 1:+.4f} ({np.unique(rq.prompt).size} distinct lengths)")
+    t0 = time.perf_counter()
+    options = _options(full.request, full.seq, full.hw, rq.prompt)
+    t_plan = time.perf_counter() - t0
+    opt = next(o for o in options if (o.gpu, o.tp) == (pool.gpu, pool.tensor_parallel))
+    rel = np.abs(opt.service_s / exact - 1)
+    print(f"  plan's prefill times vs every length's own: per request max |relative difference| {rel.max():.4f}, "
+          f"mean {rel.mean():.6f}; of the mean {opt.service_s.mean() / exact.mean() - 1:+.5f} "
+          f"({np.unique(rq.prompt).size} distinct lengths); the plan's times for all {len(options)} options "
+          f"{t_plan:.2f} s, every length's own for this one option {t_exact:.2f} s")
 
 
 def summary(path: str, plan, runs) -> None:
     """One markdown row per run: predicted vs replayed p95 TTFT (kv and first decode token) and
-    p95 TPOT (raw, and the prediction at the replayed occupancy)."""
+    p95 TPOT (raw, the evaluator at the replayed occupancy, the open-system prediction on every
+    occupancy, and the plan's recorded `tpot_p95_at_load_ms` on its coarser grid)."""
     pool, tp = plan.deployment.prefill, plan.tpot
     p = pool.ttft_percentile
+    at_load = plan.deployment.tpot_p95_at_load_ms  # the plan's own load-aware figure (schema 1.12)
     for run in runs:
         r = run["r"]
         tag = f"seed {run['seed']}" if run["seed"] is not None else run["source"]
+        q = _q(r.tpot_token, 95)
+        load = "-" if at_load is None else f"{at_load:.2f} ({at_load / 1e3 / q:.3f})"
         kv, tok, q = _q(r.ttft_kv, p), _q(r.ttft_token, p), _q(r.tpot_token, 95)
         print(f"| {Path(path).name} {tag} | {pool.ttft_ms:.1f} | {kv * 1e3:.1f} ({pool.ttft_ms / 1e3 / kv:.3f}) | "
               f"{tok * 1e3:.1f} ({pool.ttft_ms / 1e3 / tok:.3f}) | {tp.p95_ms:.2f} | {q * 1e3:.2f} "
               f"({tp.p95_ms / 1e3 / q:.3f}) | {run['occ_pred_s'] * 1e3:.2f} ({run['occ_pred_s'] / q:.3f}) | "
-              f"{run['open_p95_s'] * 1e3:.2f} ({run['open_p95_s'] / q:.3f}) | "
+              f"{run['open_p95_s'] * 1e3:.2f} ({run['open_p95_s'] / q:.3f}) | {load} | "
               f"{run['mean_occupancy']:.1f} ({run['open_n']:.1f}) / {plan.owners[0].microbatch} |")
 
 
@@ -724,7 +677,7 @@ def main(argv=None) -> int:
     ap.add_argument("--as-planned", default="", help="aggregated: keep these of the planner's simplifications "
                     "(comma list of context: decodes at context_tokens, outputs: mean outputs, routing: "
                     "round-robin), to check the engine against the plan")
-    ap.add_argument("--compare-knots", action="store_true", help="also compare the plan's knot-interpolated "
+    ap.add_argument("--compare-knots", action="store_true", help="also compare the plan's interpolated "
                     "prefill times with every prompt length's own")
     ap.add_argument("--load", type=float, default=1.0, help="stress run: arrivals this many times faster "
                     "than the plan's (the predicted TTFT then does not apply)")

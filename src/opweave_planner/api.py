@@ -176,10 +176,11 @@ def _simplest(outcome, slack: float):
 
 def sized(doc, req: PlanRequest, hw: Hardware, compiled=None):
     """`doc` with its deployment for the request's target load (`deployment.sized`, which
-    `simulate` calls too)."""
+    `simulate` calls too) and its TPOT at that load (`contract.with_load`)."""
+    from opweave_planner.contract import with_load
     from opweave_planner.deployment import sized as deploy
 
-    return deploy(doc, req, hw, compiled)
+    return with_load(deploy(doc, req, hw, compiled))
 
 
 def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:

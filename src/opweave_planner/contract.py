@@ -511,7 +511,9 @@ def evaluate_plan(plan: Plan, *, where: str = "plan", deploy: bool = True, **ove
         new = new.model_copy(update={"binding": binding_of(sctx, stmpl, ssel, ev)})
         new = new.model_copy(update={"schema_version": plan_version(new)})
     if deploy:  # an alternative is listed unsized, as the search lists it
-        new = _deployed(plan, new, ctx, overrides)
+        from opweave_planner.deployment import with_load_tpot
+
+        new = with_load_tpot(_deployed(plan, new, ctx, overrides), ctx, tmpl, sel)
     if plan.alternatives:  # each alternative re-simulated under the same inputs, listed against the plan
         from opweave_planner.inputs.request import DEPLOYMENT_ONLY
         from opweave_planner.plan import with_alternatives
@@ -562,6 +564,17 @@ def _deployed(plan: Plan, new: Plan, ctx, overrides: dict[str, Any]) -> Plan:
 
     full = with_model_window(recorded_request(plan, **overrides), ctx.seq.model.max_context)
     return sized(new, full, ctx.hw, ctx)
+
+
+def with_load(plan: Plan) -> Plan:
+    """`plan` with its deployment's TPOT at load (`deployment.with_load_tpot`), the placement
+    compiled for its owners under its recorded request (the plan writer's path; `simulate` has
+    its own compile)."""
+    from opweave_planner.deployment import with_load_tpot
+
+    if plan.deployment is None or plan.deployment.mode is None:
+        return plan
+    return with_load_tpot(plan, *plan_context(plan, where="load TPOT"))
 
 
 # ----------------------------------------------------------------------------- diff

@@ -169,6 +169,10 @@ def deployment_lines(dep: Deployment) -> list[str]:
     lines.append(f"  {dep.gpus_total} GPUs ({by_type}) on {dep.nodes_total} node{'s' if dep.nodes_total != 1 else ''} "
                  f"({nodes}; {dep.node_rule})")
     lines.append(f"  cost: {dep.usd_per_hour:,.2f} USD per hour ({pool})")
+    if dep.tpot_p95_at_load_ms is not None:
+        lines.append(f"  p95 TPOT at this load ~{dep.tpot_p95_at_load_ms:,.2f} ms (mean occupancy "
+                     f"{dep.mean_occupancy_at_load:,.1f} requests per microbatch); guaranteed <= "
+                     f"{dep.tpot_p95_full_occupancy_ms:,.2f} ms at full occupancy")
     if dep.mode is not None:
         lines += prefill_lines(dep)
     return lines

@@ -26,7 +26,7 @@ __all__ = [
     "PrefillPoolOut",
 ]
 
-SCHEMA_VERSION = "1.12"
+SCHEMA_VERSION = "1.13"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -465,6 +465,15 @@ class Deployment(_Frozen):
         default=None, ge=0)
     binding_pool: Literal["decode", "prefill"] | None = _f("The pool with the larger cost; schema 1.10",
                                                            default=None)
+    mean_occupancy_at_load: float | None = _f(
+        "Expected requests resident per decode microbatch at the arrival rate (Little's law with the "
+        "evaluator's mean TPOT at that occupancy); schema 1.13", default=None, gt=0)
+    tpot_p95_at_load_ms: float | None = _f(
+        "Expected p95 TPOT at the arrival rate: the evaluator over a Poisson occupancy of that mean (below "
+        "tpot_p95_full_occupancy_ms when the copies are not full); schema 1.13", default=None, gt=0)
+    tpot_p95_full_occupancy_ms: float | None = _f(
+        "The plan's p95 TPOT with every microbatch full: the SLO guarantee at any load; schema 1.13",
+        default=None, gt=0)
 
     @model_validator(mode="after")
     def _pools_come_together(self) -> Deployment:
