@@ -613,6 +613,9 @@ def test_an_alternative_that_cannot_be_sized_is_an_error_not_one_copy(tmp_path):
     doc = json.loads(golden.read_text())
     alt = {k: v for k, v in copy.deepcopy(doc).items() if k != "deployment"}
     alt["search"]["space"]["gpus_per_node"] = 1
+    owner = alt["owners"][0]  # a TP2 owner, which a 1-GPU node cannot hold
+    owner["tensor_parallel"], alt["gpus_total"] = 2, 2
+    owner["usd_per_hour_per_replica"] *= 2
     doc["alternatives"] = {"colocated": {"usd_per_million_tokens": alt["usd_per_million_tokens"],
                                          "tpot_ms": alt["tpot_ms"], "cost_delta_pct": 0.0, "tpot_delta_pct": 0.0,
                                          "num_stages": 1, "gpus_total": alt["gpus_total"], "plan": alt}}

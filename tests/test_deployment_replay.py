@@ -157,6 +157,9 @@ def test_aggregated_round_robin(dr):
     assert np.allclose(d["first"], [1.02e-3, 1.01e-3, 1.02e-3])
 
 
+from opweave_planner.deployment import open_occupancy  # noqa: E402  (the planner's rule the benchmark imports)
+
+
 class _FakeAt:
     """An evaluator stand-in: at occupancy n every period is (1 + n / 100) ms."""
 
@@ -165,9 +168,9 @@ class _FakeAt:
         return np.full(4, t), t
 
 
-def test_open_prediction_solves_littles_law(dr):
+def test_open_prediction_solves_littles_law():
     # N = rate x mean output x TPOT(N) = 100 x 100 x 1e-3 (1 + N / 100) = 10 + N / 10: N = 100 / 9
-    n, p95 = dr.predicted_open(_FakeAt(), 100.0, 100.0, cap=64)
+    n, p95 = open_occupancy(_FakeAt(), np.arange(1, 65), 100.0, 100.0, 64)
     assert np.isclose(n, 100 / 9, rtol=1e-6)
     # the p95 of the token-weighted occupancy n Poisson(n; N) / N, read off the same law
     g = np.arange(1, 64)
@@ -176,6 +179,6 @@ def test_open_prediction_solves_littles_law(dr):
     assert np.isclose(p95, 1e-3 * (1 + g[np.searchsorted(c, 0.95)] / 100))
 
 
-def test_open_prediction_saturates_at_the_slots(dr):
-    n, p95 = dr.predicted_open(_FakeAt(), 1000.0, 100.0, cap=8)
+def test_open_prediction_saturates_at_the_slots():
+    n, p95 = open_occupancy(_FakeAt(), np.arange(1, 9), 1000.0, 100.0, 8)
     assert n == 8 and np.isclose(p95, 1.08e-3)

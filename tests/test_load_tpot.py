@@ -73,9 +73,10 @@ def plan_and_at(request):
 
     if request.param == "ctx":
         req = api.make_request(**SMALL, batches="32", ctx="2k", prompt_len="1k", output_len="256", ttft="1s",
-                               request_rate=4)
+                               request_rate=4, deployment_mode="disaggregated")
     else:
-        req = api.make_request(**SMALL, batches="48", workload=TRACE, ttft="1s", arrivals="trace", rate_scale=40)
+        req = api.make_request(**SMALL, batches="48", workload=TRACE, ttft="1s", arrivals="trace", rate_scale=40,
+                               deployment_mode="disaggregated")
     doc = api.plan(req).plan
     ctx, tmpl, sel = plan_context(doc, where="test")
     cap = doc.owners[0].microbatch

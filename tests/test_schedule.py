@@ -194,9 +194,18 @@ def test_a_near_tie_of_critical_cycles_falls_back_exactly():
 @given(plans(max_stages=10, max_owners=3, max_mu=4))
 def test_reference_cycle_mean_and_transition_matrix(plan):
     owner, t, occ, lat, mu, n_owners = plan
-    ref = R.steady_state(owner, t, occ, lat, mu, n_owners)
-    assert ref.iterations < R.MAX_ITERATIONS
-    assert close(ref.t_rtt, R.rtt_by_cycle_mean(owner, t, occ, lat, mu, n_owners))
+    exact = R.rtt_by_cycle_mean(owner, t, occ, lat, mu, n_owners)
+    try:
+        ref = R.steady_state(owner, t, occ, lat, mu, n_owners)
+    except R.SteadyStateNotReached:
+        # a near tie of critical cycles outlasts the iteration cap (hypothesis found 79.5 against
+        # 79.75 at mu = 3): the kernel must then fall back to the exact cycle mean
+        fbuf, ibuf = K.make_scratch(len(owner), mu, n_owners)
+        rtt, _, _, fallback = K.simulate_rtt_info(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, K.MAX_ITERATIONS)
+        assert fallback and close(rtt, exact)
+    else:
+        assert ref.iterations < R.MAX_ITERATIONS
+        assert close(ref.t_rtt, exact)
     A_ref, used_ref = R.transition_matrix(owner, t, occ, lat, mu, n_owners)
     A, used = K.transition_matrix(owner, t, occ, lat, mu, n_owners)
     assert list(used) == used_ref
