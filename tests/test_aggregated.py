@@ -359,3 +359,23 @@ def test_bad_deployment_modes_fail_in_one_line(values, words):
     with pytest.raises(UserError) as exc:
         api.make_request(**{**BASE, **values})
     assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_trace_arrivals_under_a_prompt_scale_keep_their_rows_and_outputs():
+    """--scale-ctx rescales the trace's prompts; the arrivals must keep their rows so each output
+    pairs with its request (they were dropped: a (1, n) outputs array, a traceback in the
+    aggregated replay)."""
+    from opweave_planner.compile import compile_request
+    from opweave_planner.deployment import replayed_arrivals
+    from opweave_planner.workload.reader import read_trace
+
+    path = str(Path(__file__).parent.parent / "examples" / "traces" / "azure-conv-sample.csv")
+    req = api.make_request(model="llama-3.1-8b", slo="60ms", workload=path, gpus="h100", policy="colocated",
+                           ttft="1s", arrivals="trace", rate_scale=40, scale_ctx="2k")
+    doc = api.plan(req).plan
+    assert doc.deployment.mode in ("aggregated", "disaggregated")
+    compiled = compile_request(req, api.gpu_catalog())
+    assert compiled.workload.scale != 1.0
+    arr, _rate, _mean = replayed_arrivals(doc, req, compiled)
+    assert arr.rows is not None and arr.outputs.shape == arr.prompts.shape
+    assert np.array_equal(arr.outputs, np.maximum(read_trace(path).output, 1)[arr.rows])

@@ -156,7 +156,7 @@ def _arrivals(req: PlanRequest, mean_output: float, window: int, workload) -> tu
             raise UserError(f"--arrivals trace: the timestamps of {req.workload} span no time; expected "
                             f"requests at distinct times (or give --request-rate)")
         if workload.scale != 1.0:
-            arr = Arrivals(arr.times_s, _scaled(arr.prompts, workload.scale), arr.source)
+            arr = Arrivals(arr.times_s, _scaled(arr.prompts, workload.scale), arr.source, arr.rows)
     else:
         rate = req.request_rate if req.request_rate is not None else req.target_tokens_per_s / mean_output
         if req.workload is None:
@@ -179,6 +179,8 @@ def _outputs(req: PlanRequest, arr: Arrivals, workload) -> np.ndarray | None:
     first token only)."""
     if req.workload is None:
         return np.full(arr.prompts.size, max(1, int(req.lengths[1])), dtype=np.int64)
+    if arr.rows is None:  # rows not known: the mean output stands in (aggregated.with_aggregated)
+        return None
     if req.arrivals != "trace":
         return np.asarray(workload.output, dtype=np.int64)[arr.rows]
     from opweave_planner.workload.reader import read_trace
