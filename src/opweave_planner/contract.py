@@ -570,10 +570,10 @@ def with_load(plan: Plan) -> Plan:
     """`plan` with its deployment's TPOT at load (`deployment.with_load_tpot`), the placement
     compiled for its owners under its recorded request (the plan writer's path; `simulate` has
     its own compile)."""
-    from opweave_planner.deployment import with_load_tpot
+    from opweave_planner.deployment import has_load_figure, with_load_tpot
 
-    if plan.deployment is None or plan.deployment.mode is None:
-        return plan
+    if not has_load_figure(plan):
+        return plan  # no compile for a plan without the figure
     return with_load_tpot(plan, *plan_context(plan, where="load TPOT"))
 
 

@@ -33,7 +33,7 @@ from opweave_planner.workload.arrivals import Arrivals, from_trace, poisson
 
 __all__ = ["POISSON_REQUESTS", "POISSON_SEED", "PoolOption", "PoolChoice", "least_instances", "choose_pool",
            "sized", "stable_instances", "whole_deployment", "AtOccupancy", "OnGrid", "pooled_percentile", "open_occupancy",
-           "load_tpot", "with_load_tpot"]
+           "load_tpot", "with_load_tpot", "has_load_figure"]
 
 POISSON_REQUESTS = 20_000  # arrivals replayed for a Poisson rate (seeded: same plan bytes)
 POISSON_SEED = 0
@@ -479,6 +479,13 @@ def load_grid(cap: int, points: int = LOAD_OCCUPANCIES) -> np.ndarray:
     return np.unique(np.geomspace(1, max(cap, 1), min(points, max(cap, 1))).round().astype(np.int64))
 
 
+def has_load_figure(plan: Plan) -> bool:
+    """Whether `load_tpot` gives a figure: a disaggregated deployment of one owner (several
+    owners' replica barrier couples their occupancies)."""
+    dep = plan.deployment
+    return dep is not None and dep.mode == "disaggregated" and len(plan.owners) == 1
+
+
 def load_tpot(plan: Plan, ctx, tmpl, sel, grid: np.ndarray | None = None) -> tuple[float, float] | None:
     """(mean occupancy per microbatch, p95 TPOT ms) of `plan`'s decode copies at its deployment's
     decoded arrival rate (`open_occupancy` over the evaluator at `grid`, default `load_grid`);
@@ -488,7 +495,7 @@ def load_tpot(plan: Plan, ctx, tmpl, sel, grid: np.ndarray | None = None) -> tup
     from opweave_planner.compile import compile_request
 
     dep = plan.deployment
-    if dep is None or dep.mode != "disaggregated" or len(plan.owners) != 1:
+    if not has_load_figure(plan):
         return None
     cap = int(plan.owners[0].microbatch)
     grid = load_grid(cap) if grid is None else np.asarray(grid, np.int64)
