@@ -262,8 +262,11 @@ def bench_env(ctx, t: Traffic) -> list[str]:
                 f"{ctx.plan.global_batch}; ")
     if t.rate is None:
         pace = "closed loop (no arrival rate in the plan)."
-    elif t.planned_rate is not None:
+    elif t.planned_rate is not None and ctx.deployment.arrivals.process == "poisson":
         pace = f"Poisson arrivals at {t.rate:.4g} requests/s (the plan's arrivals, deployment.arrivals)."
+    elif t.planned_rate is not None:  # the plan replayed a trace's own timestamps, which are not sent
+        pace = (f"Poisson arrivals at {t.rate:.4g} requests/s: the mean rate of the trace timestamps the "
+                f"plan replayed (deployment.arrivals), not their bursts.")
     else:
         pace = (f"Poisson arrivals at {t.rate:.4g} requests/s (the deployment's target "
                 f"{ctx.deployment.target_tokens_per_s:g} tokens/s).")
