@@ -21,8 +21,16 @@ with ``aiconfigurator cli estimate --estimate-mode static_ctx`` (its TTFT: the c
 of one batch) per (model, GPU, TP, ISL), batch 1, cached in
 ``benchmarks/results/vs_aiconfigurator_prefill.json``.
 
+With ``--deployment`` it compares whole deployments on docs/deployment.md's qwen3-30b-a3b case
+(``--sweep``: every case of ``aggregated_case.py --sweep``): ours disaggregated and aggregated
+(`api.plan`) against a fresh ``aiconfigurator cli recommend`` of both modes, GPUs, USD/h at our
+catalog's price, TTFT, TPOT and tokens/s/GPU in one table (``aic_deployment.py``). Without
+aiconfigurator (or with ``--table``) it reads the answers recorded in
+``benchmarks/results/vs_aiconfigurator_deployment.json``.
+
     pip install aiconfigurator   # 0.12.0, into any environment; --aic points at its CLI
     python benchmarks/vs_aiconfigurator.py [--aic PATH] [--table] [--prefill]
+    PYTHONPATH=src python benchmarks/vs_aiconfigurator.py --deployment [--sweep] [--aic-python PY] [--table]
 """
 
 from __future__ import annotations
@@ -256,7 +264,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--table", action="store_true", help="summarise the cache, run nothing")
     ap.add_argument("--prefill", action="store_true",
                     help="prefill latency (static context phase) per (model, GPU, TP, ISL) instead of decode")
+    ap.add_argument("--deployment", action="store_true",
+                    help="whole deployments (GPUs, USD/h, TTFT, TPOT, tokens/s/GPU) on the qwen3-30b-a3b case")
+    ap.add_argument("--aic-python", default=None,
+                    help="with --deployment: a Python that has aiconfigurator (e.g. a separate venv's)")
+    ap.add_argument("--sweep", action="store_true", help="with --deployment: every aggregated_case.py --sweep case")
     args = ap.parse_args(argv)
+    if args.deployment:
+        import aic_deployment
+
+        aic_deployment.main(args.aic, args.aic_python, args.sweep, args.table)
+        return
     if args.prefill:
         cache = json.loads(PREFILL_CACHE.read_text()) if PREFILL_CACHE.is_file() else {}
         if not args.table:
