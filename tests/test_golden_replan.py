@@ -50,7 +50,7 @@ def _strip(obj: dict, minor: int) -> dict:
     return obj
 
 
-CURRENT = ("1.2", "1.5", "1.6", "1.7", "1.8", "1.9", "1.12", SCHEMA_VERSION)  # what the planner writes today
+CURRENT = ("1.2", "1.5", "1.6", "1.7", "1.8", "1.9", "1.12", "1.13", SCHEMA_VERSION)  # what the planner writes today
 BINDING_MINOR = 9  # a fresh plan carries `binding`; a golden from before it is compared without
 # goldens made with a --catalog (plans record its hash, not its path): re-planned with it
 CATALOGS = {"llama-3.1-8b_afd_h100+a100-reserve5_v1.5.json": GOLDEN / "catalog-reserve.toml"}

@@ -13,8 +13,12 @@ Exact over the enumeration: R is feasible when R replicas can carry the decode l
 SLOs. For each candidate every R from that floor upward is tried in turn, so its R is the least
 feasible one (no monotonicity in R is assumed); the candidates' costs R x TP x price are compared
 (ties: fewer GPUs, GPU id, TP, B, chunk), skipping a candidate once its floor already costs more
-than the best found, and scanning R only while it could still win. A brute force over every
-(candidate, R) checks it (tests/test_aggregated.py).
+than the best found, and scanning R only while it could still win. Two bounds end a scan that
+cannot succeed, both valid for every R: `ttft_floor` (no TTFT is below its prompt's tokens
+through the linear operators at their cheapest per-token step) refuses a candidate without a
+replay, and from `isolated_replicas` on every replica serves its requests one at a time, so every
+larger R replays the same figures. A brute force over every (candidate, R) checks it
+(tests/test_aggregated.py).
 """
 
 from __future__ import annotations
@@ -30,12 +34,16 @@ from opweave_planner.latency.mixed import StepTables, replay_replica
 from opweave_planner.plan.io import rounded
 from opweave_planner.plan.schema import AggregatedOut, Plan
 
-__all__ = ["Candidate", "Figures", "Choice", "CHUNK_CHOICES", "weighted_percentile", "stable_replicas",
-           "load_context", "figures", "least_replicas", "choose", "with_aggregated"]
+__all__ = ["Candidate", "Figures", "Choice", "Closest", "CHUNK_CHOICES", "STEP_PERCENTILE", "weighted_percentile",
+           "stable_replicas", "ttft_floor", "isolated_replicas", "load_context", "figures", "least_replicas", "choose",
+           "tpot_percentile", "with_aggregated"]
 
 #: chunk budgets searched besides the runtime's default (vLLM's max_num_batched_tokens); a smaller
 #: chunk makes a mixed step shorter and a prompt take more of them
 CHUNK_CHOICES = (512, 1024, 2048, 4096, 8192)
+#: the step-TPOT percentile of a fixed --ctx, whose decode plan has no percentile to name (its
+#: full-occupancy steps are all equal): the method's p95 over decode tokens, as a workload's default
+STEP_PERCENTILE = 95.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,6 +77,7 @@ class Figures:
     ttft_s: float
     ttft_mean_s: float
     mixed_share: float  # of the steps with decodes, those that also carried a prefill chunk
+    binding: str = ""  # what R - 1 replicas broke (least_replicas): throughput, tpot or ttft
 
 
 @dataclass(frozen=True)
@@ -118,22 +127,32 @@ class _Replayed:
     dec: np.ndarray
     mix: np.ndarray
 
-    def meets(self, slo_s: float, ttft_s: float, tpot_pct: float, ttft_pct: float) -> bool:
-        """Both SLOs at their percentiles; TPOT without a sort (the inverted-CDF percentile is <=
-        slo_s exactly when the decodes of steps within slo_s reach tpot_pct % of them)."""
-        if float(np.percentile(self.ttft, ttft_pct)) > ttft_s:
-            return False
+    def ttft_percentile(self, ttft_pct: float) -> float:
+        return float(np.percentile(self.ttft, ttft_pct))
+
+    def tpot_met(self, slo_s: float, tpot_pct: float) -> bool:
+        """TPOT without a sort: the inverted-CDF percentile is <= slo_s exactly when the decodes of
+        steps within slo_s reach tpot_pct % of them."""
         total = float(self.dec.sum())
         return total == 0 or float(self.dec[self.dur <= slo_s].sum()) >= tpot_pct / 100.0 * total
 
-    def figures(self, tpot_pct: float, ttft_pct: float) -> Figures:
+    def within_share(self, slo_s: float) -> float:
+        """The share of decode tokens whose step is within slo_s (1: no decodes)."""
+        total = float(self.dec.sum())
+        return 1.0 if total == 0 else float(self.dec[self.dur <= slo_s].sum()) / total
+
+    def meets(self, slo_s: float, ttft_s: float, tpot_pct: float, ttft_pct: float) -> bool:
+        """Both SLOs at their percentiles."""
+        return self.ttft_percentile(ttft_pct) <= ttft_s and self.tpot_met(slo_s, tpot_pct)
+
+    def figures(self, tpot_pct: float, ttft_pct: float, binding: str = "") -> Figures:
         if self.dur.size == 0:
             tpot = tpot_mean = 0.0
         else:
             tpot = weighted_percentile(self.dur, self.dec, tpot_pct)
             tpot_mean = float((self.dur * self.dec).sum() / self.dec.sum())
-        return Figures(self.replicas, tpot, tpot_mean, float(np.percentile(self.ttft, ttft_pct)),
-                       float(self.ttft.mean()), float(self.mix.mean()) if self.mix.size else 0.0)
+        return Figures(self.replicas, tpot, tpot_mean, self.ttft_percentile(ttft_pct),
+                       float(self.ttft.mean()), float(self.mix.mean()) if self.mix.size else 0.0, binding)
 
 
 def _replayed(cand: Candidate, times: np.ndarray, prompts: np.ndarray, outputs: np.ndarray,
@@ -152,20 +171,124 @@ def figures(cand: Candidate, times: np.ndarray, prompts: np.ndarray, outputs: np
     return _replayed(cand, times, prompts, outputs, replicas).figures(tpot_pct, ttft_pct)
 
 
+def ttft_floor(cand: Candidate, prompts: np.ndarray, ttft_pct: float) -> float:
+    """A lower bound (s) on the TTFT percentile at any replica count. Every step that carries a
+    piece of p tokens of a prompt holds at most `chunk` tokens (decodes count against the budget)
+    and at least p, so its linear operators take at least min over p <= u <= chunk of linear[u];
+    over the pieces that is at least P x the least such time per token. Waits, attention, the LM
+    head and the other requests' tokens only add to it; the bound holds request by request, so
+    for the percentile too."""
+    lin = cand.tables.linear_us[1:cand.chunk + 1]
+    least_above = np.minimum.accumulate(lin[::-1])[::-1]  # least linear time at t tokens or more
+    per_token = float((least_above / np.arange(1, lin.size + 1)).min()) * 1e-6
+    return float(np.percentile(np.asarray(prompts, np.float64) * per_token, ttft_pct))
+
+
+def isolated_replicas(cand: Candidate, times: np.ndarray, prompts: np.ndarray, outputs: np.ndarray,
+                      alone: dict | None = None) -> int:
+    """The least R from which, dealt round-robin, each request reaches its replica after the one
+    before it there has left (an upper bound on its stay alone: its prompt replayed alone, then
+    one pure decode step at the slowest context knot per further token), so every replica serves
+    its requests one at a time and every larger R replays the same figures. `alone`: a memo of
+    the lone prefill times per (tables, chunk, prompt)."""
+    tab = cand.tables
+    memo = {} if alone is None else alone
+    lengths, inverse = np.unique(prompts, return_inverse=True)
+    lone = np.empty(lengths.size)
+    for j, p in enumerate(lengths.tolist()):
+        key = (id(tab), cand.chunk, int(p))
+        if key not in memo:
+            memo[key] = float(replay_replica(tab, [0.0], [int(p)], [1], 1, cand.chunk).ttft_s[0])
+        lone[j] = memo[key]
+    step = max(tab.decode_step_us(1, float(k)) for k in tab.knots) * 1e-6
+    stay = (lone[inverse] + (np.asarray(outputs, np.float64) - 1.0) * step) * (1 + 1e-9) + 1e-12
+
+    def apart(r: int) -> bool:  # non-decreasing in r: the times are sorted
+        return r >= times.size or bool(np.all(times[r:] - times[:-r] > stay[:-r]))
+
+    lo, hi = 1, max(int(times.size), 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if apart(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@dataclass
+class Closest:
+    """What a search came nearest to, over every candidate and replay it ran: the reason a search
+    that found nothing gives (`reason`)."""
+
+    candidates: int = 0
+    replays: int = 0
+    ttft_s: float = math.inf  # the lowest replayed TTFT percentile
+    floor_s: float = math.inf  # the lowest `ttft_floor` of a candidate refused without a replay
+    within: float = 0.0  # the largest share of decode tokens within the TPOT SLO
+    over_budget: int = 0  # candidates whose decode-load floor exceeds the GPU budget
+
+    def saw(self, got: _Replayed, slo_s: float, ttft_pct: float) -> None:
+        self.replays += 1
+        self.ttft_s = min(self.ttft_s, got.ttft_percentile(ttft_pct))
+        self.within = max(self.within, got.within_share(slo_s))
+
+    def reason(self, slo_s: float, ttft_s: float, tpot_pct: float, ttft_pct: float, max_gpus: int) -> str:
+        if self.candidates == 0:
+            return "memory: no searched (GPU type, TP, batch) holds the weights and its batch's KV"
+        if self.replays == 0:
+            if self.floor_s < math.inf:
+                return (f"ttft: a prompt's tokens through the linear operators alone take {self.floor_s * 1e3:.0f} ms "
+                        f"at p{ttft_pct:g}, over the SLO")
+            return f"throughput: the decode load needs more than {max_gpus} GPUs"
+        if self.ttft_s > ttft_s:
+            return f"ttft: the lowest p{ttft_pct:g} TTFT of any candidate and replica count is {self.ttft_s * 1e3:.0f} ms"
+        if self.within < tpot_pct / 100.0:
+            return (f"tpot: at most {self.within:.1%} of decode tokens take {slo_s * 1e3:g} ms or less "
+                    f"(p{tpot_pct:g} needs {tpot_pct:g} %)")
+        return (f"tpot and ttft: each is met at some replica count, never both (lowest p{ttft_pct:g} TTFT "
+                f"{self.ttft_s * 1e3:.0f} ms, at most {self.within:.1%} of decode tokens within the TPOT SLO)")
+
+
 def least_replicas(cand: Candidate, times, prompts, outputs, rate: float, mean_output: float, slo_s: float,
-                   ttft_s: float, tpot_pct: float, ttft_pct: float, max_replicas: int) -> Figures | None:
-    """The least R in [stable_replicas, max_replicas] whose replay meets both SLOs (None: none)."""
-    for r in range(stable_replicas(cand, rate, mean_output, load_context(prompts, outputs)), max_replicas + 1):
+                   ttft_s: float, tpot_pct: float, ttft_pct: float, max_replicas: int,
+                   closest: Closest | None = None, alone: dict | None = None) -> Figures | None:
+    """The least R in [stable_replicas, max_replicas] whose replay meets both SLOs (None: none),
+    its figures naming what R - 1 broke, from the replay that refused R - 1. `closest`: gathers
+    the nearest misses; `alone`: `isolated_replicas`' memo."""
+    closest = Closest() if closest is None else closest
+    floor = stable_replicas(cand, rate, mean_output, load_context(prompts, outputs))
+    if max_replicas < floor:
+        closest.over_budget += 1
+        return None
+    bound = ttft_floor(cand, prompts, ttft_pct)
+    if bound > ttft_s:
+        closest.floor_s = min(closest.floor_s, bound)
+        return None
+    top, binding = max_replicas, "throughput"
+    for r in range(floor, max_replicas + 1):
+        if r > top:
+            return None  # from `top` on every R replays as `top` did: it missed
         got = _replayed(cand, times, prompts, outputs, r)
-        if got.meets(slo_s, ttft_s, tpot_pct, ttft_pct):
-            return got.figures(tpot_pct, ttft_pct)
+        closest.saw(got, slo_s, ttft_pct)
+        ttft_ok, tpot_ok = got.ttft_percentile(ttft_pct) <= ttft_s, got.tpot_met(slo_s, tpot_pct)
+        if ttft_ok and tpot_ok:
+            return got.figures(tpot_pct, ttft_pct, binding)
+        binding = "ttft" if tpot_ok else "tpot"  # what this R, one fewer than the next, breaks
+        if r == floor and max_replicas > floor:
+            top = min(max_replicas, max(isolated_replicas(cand, times, prompts, outputs, alone), floor))
     return None
 
 
 def choose(cands: list[Candidate], times, prompts, outputs, rate: float, mean_output: float, slo_s: float,
-           ttft_s: float, tpot_pct: float, ttft_pct: float, max_gpus: int = MAX_GPU_BUDGET) -> Choice | None:
-    """The cheapest (candidate, R) meeting both SLOs (ties: fewer GPUs, GPU id, TP, B, chunk)."""
+           ttft_s: float, tpot_pct: float, ttft_pct: float, max_gpus: int = MAX_GPU_BUDGET,
+           closest: Closest | None = None) -> Choice | None:
+    """The cheapest (candidate, R) meeting both SLOs (ties: fewer GPUs, GPU id, TP, B, chunk).
+    `closest`: gathers what a search that finds nothing came nearest to."""
     best: tuple | None = None
+    closest = Closest() if closest is None else closest
+    closest.candidates += len(cands)
+    alone: dict = {}
     ctx = load_context(prompts, outputs)
     floors = [(c.key(stable_replicas(c, rate, mean_output, ctx)), i) for i, c in enumerate(cands)]
     for floor, i in sorted(floors):  # cheapest floor first: a good incumbent early
@@ -177,7 +300,7 @@ def choose(cands: list[Candidate], times, prompts, outputs, rate: float, mean_ou
             while top >= 1 and cand.key(top) > best[0]:
                 top -= 1
         fig = least_replicas(cand, times, prompts, outputs, rate, mean_output, slo_s, ttft_s, tpot_pct, ttft_pct,
-                             top)
+                             top, closest, alone)
         if fig is not None and (best is None or cand.key(fig.replicas) < best[0]):
             best = (cand.key(fig.replicas), Choice(cand, fig))
     return None if best is None else best[1]
@@ -213,38 +336,47 @@ def candidates(req: PlanRequest, seq, hw, context: int, max_prompt: int) -> list
     return out
 
 
-def _binding(choice: Choice, times, prompts, outputs, rate, mean_output, slo_s, ttft_s, tpot_pct,
-             ttft_pct) -> str:
-    """What keeps the chosen candidate from one replica fewer: throughput, tpot or ttft."""
-    cand, r = choice.candidate, choice.figures.replicas
-    if r - 1 < stable_replicas(cand, rate, mean_output, load_context(prompts, outputs)):
-        return "throughput"
-    fewer = _replayed(cand, times, prompts, outputs, r - 1)
-    return "ttft" if fewer.meets(slo_s, math.inf, tpot_pct, ttft_pct) else "tpot"
+def tpot_percentile(req: PlanRequest) -> float:
+    """The percentile of step TPOT the aggregated replicas hold to the SLO: the plan's own TPOT
+    percentile (--slo-percentile, 95 by default, with a workload; `STEP_PERCENTILE` for a fixed
+    --ctx, where `req.percentile` is 100 because the decode plan's steps are all equal), never the
+    TTFT's."""
+    return req.percentile if req.stochastic else STEP_PERCENTILE
 
 
-def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals) -> Plan:
-    """`plan` (its disaggregated deployment already planned) with the aggregated deployment beside
-    it, and `deployment.mode` the cheaper one meeting both SLOs (or the one --deployment-mode names).
-    `seq`: the request's operator sequence; `arrivals`: (arrivals, rate, mean output) as
-    `deployment.replayed_arrivals` gives them to both modes."""
+def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals, miss=None) -> Plan:
+    """`plan` with the aggregated deployment beside its disaggregated one, and `deployment.mode`
+    the cheaper one meeting both SLOs (or the one --deployment-mode names).
+
+    `plan.deployment`: the disaggregated deployment already planned, or (no prefill pool: `miss`
+    says why none meets the TTFT, or --deployment-mode aggregated planned none) the decode
+    copies alone, sized for the same arrivals. `seq`: the request's operator sequence;
+    `arrivals`: (arrivals, rate, mean output) as `deployment.replayed_arrivals` gives them to
+    both modes; `miss`: `deployment.PoolMiss`."""
+    from opweave_planner.deployment import arrivals_record
     from opweave_planner.plan import plan_version
 
     dep = plan.deployment
+    pooled = dep.prefill is not None
     arr, rate, mean_out = arrivals
     outputs = arr.outputs if arr.outputs is not None else np.full(arr.prompts.shape, max(1, round(mean_out)),
                                                                   dtype=np.int64)
     context = int(plan.workload.context_tokens)
     cands = candidates(req, seq, hw, context, int(arr.prompts.max()))
     slo_s, ttft_s = req.slo_ms / 1e3, req.ttft / 1e3
-    tpot_pct = req.percentile if req.stochastic else req.ttft_at
+    tpot_pct = tpot_percentile(req)
     args = (arr.times_s, arr.prompts, outputs, rate, mean_out, slo_s, ttft_s, tpot_pct, req.ttft_at)
-    choice = choose(cands, *args)  # the replicas together within the budget the prefill pool has
+    closest = Closest()
+    choice = choose(cands, *args, closest=closest)  # the replicas together within the budget the prefill pool has
     if choice is None:
+        where = (f"no aggregated deployment of {','.join(req.gpus)} TP {','.join(map(str, req.tensor_parallel_sizes))} "
+                 f"within {MAX_GPU_BUDGET} GPUs meets p{tpot_pct:g} TPOT {req.slo_ms:g} ms and p{req.ttft_at:g} TTFT "
+                 f"{req.ttft:g} ms ({closest.reason(slo_s, ttft_s, tpot_pct, req.ttft_at, MAX_GPU_BUDGET)})")
         if req.deployment_mode == "aggregated":
-            raise UserError(f"--deployment-mode aggregated: no aggregated deployment of {','.join(req.gpus)} TP "
-                            f"{','.join(map(str, req.tensor_parallel_sizes))} within {MAX_GPU_BUDGET} GPUs meets "
-                            f"p{tpot_pct:g} TPOT {req.slo_ms:g} ms and p{req.ttft_at:g} TTFT {req.ttft:g} ms")
+            raise UserError(f"--deployment-mode aggregated: {where}")
+        if not pooled:
+            raise UserError(f"--ttft: neither deployment mode meets the SLOs: disaggregated: {miss.reason}; "
+                            f"aggregated: {where}")
         doc = plan.model_copy(update={"deployment": dep.model_copy(update={"deployment_mode": req.deployment_mode})})
         return doc.model_copy(update={"schema_version": plan_version(doc)})
     cand, fig = choice.candidate, choice.figures
@@ -256,12 +388,16 @@ def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals) -> Plan:
         tpot_percentile=tpot_pct, tpot_ms=rounded(fig.tpot_s * 1e3), tpot_mean_ms=rounded(fig.tpot_mean_s * 1e3),
         decode_step_ms=rounded(cand.tables.decode_step_us(cand.batch) / 1e3),
         mixed_step_share=rounded(fig.mixed_share), ttft_ms=rounded(fig.ttft_s * 1e3),
-        ttft_mean_ms=rounded(fig.ttft_mean_s * 1e3), binding=_binding(choice, *args), options=len(cands))
-    disagg = dep.usd_per_hour_all_in
-    if req.deployment_mode == "aggregated":
-        mode = "aggregated"
+        ttft_mean_ms=rounded(fig.ttft_mean_s * 1e3), binding=fig.binding, options=len(cands),
+        ttft_slo_ms=None if pooled else req.ttft, ttft_percentile=None if pooled else req.ttft_at)
+    update = {"aggregated": agg, "deployment_mode": req.deployment_mode}
+    if not pooled:  # the aggregated deployment alone: its arrivals, and why there is no prefill pool
+        update.update(mode="aggregated", arrivals=arrivals_record(req, arrivals),
+                      disaggregated_infeasible=None if miss is None else miss.out())
+    elif req.deployment_mode == "aggregated":
+        update["mode"] = "aggregated"
     else:  # ties: the disaggregated plan (the decode plan as searched)
-        mode = "aggregated" if (usd, agg.gpus) < (disagg, dep.gpus_total + dep.prefill.gpus) else "disaggregated"
-    doc = plan.model_copy(update={"deployment": dep.model_copy(update={
-        "mode": mode, "aggregated": agg, "deployment_mode": req.deployment_mode})})
+        disagg = (dep.usd_per_hour_all_in, dep.gpus_total + dep.prefill.gpus)
+        update["mode"] = "aggregated" if (usd, agg.gpus) < disagg else "disaggregated"
+    doc = plan.model_copy(update={"deployment": dep.model_copy(update=update)})
     return doc.model_copy(update={"schema_version": plan_version(doc)})

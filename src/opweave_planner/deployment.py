@@ -28,11 +28,11 @@ from opweave_planner.errors import UserError
 from opweave_planner.inputs.request import MAX_GPU_BUDGET, PlanRequest
 from opweave_planner.latency.ttft import TtftStats, mgc, ttft_stats
 from opweave_planner.plan.io import rounded
-from opweave_planner.plan.schema import ArrivalsOut, Plan, PrefillPoolOut
+from opweave_planner.plan.schema import ArrivalsOut, DisaggregatedInfeasibleOut, Plan, PrefillPoolOut
 from opweave_planner.workload.arrivals import Arrivals, from_trace, poisson
 
-__all__ = ["POISSON_REQUESTS", "POISSON_SEED", "PoolOption", "PoolChoice", "least_instances", "choose_pool",
-           "sized", "stable_instances", "whole_deployment", "AtOccupancy", "OnGrid", "pooled_percentile", "open_occupancy",
+__all__ = ["POISSON_REQUESTS", "POISSON_SEED", "PoolOption", "PoolChoice", "PoolMiss", "least_instances", "choose_pool",
+           "prefill_pool", "arrivals_record", "sized", "stable_instances", "whole_deployment", "AtOccupancy", "OnGrid", "pooled_percentile", "open_occupancy",
            "load_tpot", "with_load_tpot", "has_load_figure"]
 
 POISSON_REQUESTS = 20_000  # arrivals replayed for a Poisson rate (seeded: same plan bytes)
@@ -64,6 +64,21 @@ class PoolChoice:
     @property
     def usd_per_hour(self) -> float:
         return self.instances * self.option.usd_per_hour
+
+
+@dataclass(frozen=True)
+class PoolMiss:
+    """Why no prefill pool meets the TTFT SLO: the disaggregated mode's binding constraint."""
+
+    binding: str  # ttft | memory | gpus (DisaggregatedInfeasibleOut.binding)
+    reason: str
+    lowest_ttft_s: float | None = None
+    handoff_mean_s: float | None = None
+
+    def out(self) -> DisaggregatedInfeasibleOut:
+        ms = (lambda x: None if x is None else rounded(x * 1e3))
+        return DisaggregatedInfeasibleOut(binding=self.binding, reason=self.reason,
+                                          lowest_ttft_ms=ms(self.lowest_ttft_s), handoff_mean_ms=ms(self.handoff_mean_s))
 
 
 def _stats(times: np.ndarray, opt: PoolOption, n: int, percentile: float) -> TtftStats:
@@ -272,30 +287,76 @@ def replayed_arrivals(plan: Plan, req: PlanRequest, compiled) -> tuple[Arrivals,
     return arr, rate, mean_out
 
 
+def arrivals_record(req: PlanRequest, arrivals) -> ArrivalsOut:
+    """The arrivals both modes are sized for, recorded as a workload is."""
+    arr, rate, mean_out = arrivals
+    return ArrivalsOut(
+        process=req.arrivals, request_rate=req.request_rate, rate=rounded(rate), rate_scale=req.rate_scale,
+        target_tokens_per_s=req.target_tokens_per_s if req.arrivals == "poisson" else None,
+        requests=int(arr.times_s.size), seed=POISSON_SEED if req.arrivals == "poisson" else None,
+        mean_prompt_tokens=rounded(float(arr.prompts.mean())), mean_output_tokens=rounded(mean_out))
+
+
+def prefill_pool(req: PlanRequest, seq, hw, arrivals) -> tuple[list[PoolOption], PoolChoice | PoolMiss]:
+    """The enumerated (GPU type, TP) options and the cheapest pool meeting the TTFT SLO, or what
+    binds when none does."""
+    arr, rate, _mean = arrivals
+    options = _options(req, seq, hw, arr.prompts)
+    ttft_s, pct = req.ttft / 1e3, req.ttft_at
+    choice = choose_pool(arr.times_s, options, ttft_s, pct, rate=rate)
+    if choice is not None:
+        return options, choice
+    where = (f"no prefill pool of {','.join(req.gpus)} TP {','.join(map(str, req.tensor_parallel_sizes))} within "
+             f"{MAX_GPU_BUDGET} GPUs meets p{pct:g} TTFT {req.ttft:g} ms")
+    if not options:
+        return options, PoolMiss("memory", f"{where} (no searched (GPU type, TP) holds the weights and one "
+                                           f"prompt's KV)")
+    fastest = min(options, key=lambda o: (unqueued_percentile(o, pct), o.gpu, o.tp))
+    floor, handoff = unqueued_percentile(fastest, pct), float(fastest.handoff_s.mean())
+    if floor > ttft_s:
+        why = (f"an unqueued prefill + hand-off alone takes {floor * 1e3:.0f} ms at p{pct:g}, the hand-off "
+               f"{handoff * 1e3:.0f} ms of it on average")
+        return options, PoolMiss("ttft", f"{where} ({why})", floor, handoff)
+    why = (f"the fastest unqueued prefill + hand-off, {floor * 1e3:.0f} ms at p{pct:g}, leaves too little for the "
+           f"queue of any pool within the budget")
+    return options, PoolMiss("gpus", f"{where} ({why})", floor, handoff)
+
+
 def sized(doc: Plan, req: PlanRequest, hw, compiled=None) -> Plan:
     """`doc` with its deployment for the request's target load, if it names one; with --ttft the
-    whole disaggregated deployment (a prefill pool beside the decode copies), sized with
-    `compiled`'s operator sequence and shaped workload (None: compiled for it). The one place a
-    deployment mode is chosen: `api.plan` and `simulate` both come here; unless
-    --deployment-mode disaggregated, the aggregated deployment is searched beside the
-    disaggregated one and the cheaper meeting both SLOs is `deployment.mode`."""
+    whole deployment, sized with `compiled`'s operator sequence and shaped workload (None:
+    compiled for it). The one place a deployment mode is chosen: `api.plan` and `simulate` both
+    come here. --deployment-mode disaggregated: the prefill pool beside the decode copies (none
+    meeting the TTFT: refused); aggregated: the aggregated replicas, no prefill pool planned;
+    auto: both, the cheaper meeting both SLOs is `deployment.mode`, and where no prefill pool
+    meets the TTFT the aggregated deployment alone, the disaggregated side's binding constraint
+    recorded (neither: refused, naming both)."""
     from opweave_planner.compile.space import node_size
     from opweave_planner.plan import plan_version
     from opweave_planner.sizing import size_deployment
 
     per_node = {g.id: node_size(g, req) for g in hw.gpus}
     if req.disaggregated:
+        from opweave_planner.aggregated import with_aggregated
+
         if compiled is None:
             from opweave_planner.compile import compile_request
 
             compiled = compile_request(req, hw)
-        doc = whole_deployment(doc, req, hw, per_node, compiled)
+        arrivals = replayed_arrivals(doc, req, compiled)
+        decode = _decode_copies(doc, req, per_node, arrivals)
+        if req.deployment_mode == "aggregated":  # the decode copies are the only disaggregated figures kept
+            return with_aggregated(decode, req, hw, compiled.seq, arrivals)
+        options, got = prefill_pool(req, compiled.seq, hw, arrivals)
+        if isinstance(got, PoolMiss):
+            if req.deployment_mode == "disaggregated":
+                raise UserError(f"--ttft: {got.reason}")
+            return with_aggregated(decode, req, hw, compiled.seq, arrivals, got)
+        doc = _with_pool(decode, req, arrivals, options, got)
         if req.deployment_mode == "disaggregated":
             return doc
-        from opweave_planner.aggregated import with_aggregated
-
         # both modes: the cheaper meeting both SLOs is deployment.mode
-        return with_aggregated(doc, req, hw, compiled.seq, replayed_arrivals(doc, req, compiled))
+        return with_aggregated(doc, req, hw, compiled.seq, arrivals)
     if req.target_tokens_per_s is None and req.target_concurrency is None:
         return doc
     dep = size_deployment(doc, target_tokens_per_s=req.target_tokens_per_s,
@@ -304,35 +365,45 @@ def sized(doc: Plan, req: PlanRequest, hw, compiled=None) -> Plan:
     return doc.model_copy(update={"schema_version": plan_version(doc)})
 
 
-def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, int], compiled=None) -> Plan:
-    """`plan` with its disaggregated deployment: decode copies for rate x mean output, the
-    cheapest prefill pool meeting the TTFT SLO, and the all-in costs.
-
-    `compiled`: the request's compiled problem (`compile.Compiled`), whose operator sequence and
-    shaped workload the pool is sized with (None: compiled here). `req` names the prefill pool's
-    enumeration (its GPU types and TP degrees): `simulate` passes the plan's searched request
-    beside a problem compiled for the plan's own owners."""
+def _decode_copies(plan: Plan, req: PlanRequest, gpus_per_node: dict[str, int], arrivals) -> Plan:
+    """`plan` with its decode copies sized for the arrivals' output rate (rate x mean output)."""
     from opweave_planner.plan import plan_version
     from opweave_planner.sizing import size_deployment
 
+    _arr, rate, mean_out = arrivals
+    dep = size_deployment(plan, target_tokens_per_s=rate * mean_out, target_concurrency=req.target_concurrency,
+                          gpus_per_node=gpus_per_node)
+    doc = plan.model_copy(update={"deployment": dep})
+    return doc.model_copy(update={"schema_version": plan_version(doc)})
+
+
+def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, int], compiled=None) -> Plan:
+    """`plan` with its disaggregated deployment: decode copies for rate x mean output, the
+    cheapest prefill pool meeting the TTFT SLO (none: refused, naming what binds), and the
+    all-in costs.
+
+    `compiled`: the request's compiled problem (`compile.Compiled`), whose operator sequence and
+    shaped workload the pool is sized with (None: compiled here). `req` names the prefill pool's
+    enumeration (its GPU types and TP degrees)."""
     if compiled is None:
         from opweave_planner.compile import compile_request
 
         compiled = compile_request(req, hw)
-    arr, rate, mean_out = replayed_arrivals(plan, req, compiled)
+    arrivals = replayed_arrivals(plan, req, compiled)
+    options, got = prefill_pool(req, compiled.seq, hw, arrivals)
+    if isinstance(got, PoolMiss):
+        raise UserError(f"--ttft: {got.reason}")
+    return _with_pool(_decode_copies(plan, req, gpus_per_node, arrivals), req, arrivals, options, got)
+
+
+def _with_pool(plan: Plan, req: PlanRequest, arrivals, options: list[PoolOption], choice: PoolChoice) -> Plan:
+    """`plan` (its decode copies sized) with the prefill pool `choice` and the all-in costs."""
+    from opweave_planner.plan import plan_version
+
+    arr, rate, mean_out = arrivals
+    dep = plan.deployment
     tokens = rate * mean_out
-    dep = size_deployment(plan, target_tokens_per_s=tokens, target_concurrency=req.target_concurrency,
-                          gpus_per_node=gpus_per_node)
-    options = _options(req, compiled.seq, hw, arr.prompts)
-    ttft_s, pct = req.ttft / 1e3, req.ttft_at
-    choice = choose_pool(arr.times_s, options, ttft_s, pct, rate=rate)
-    if choice is None:
-        fastest = min((unqueued_percentile(o, pct) for o in options), default=math.inf)
-        why = (f"an unqueued prefill + hand-off alone takes {fastest * 1e3:.0f} ms at p{pct:g}" if options else
-               "no searched (GPU type, TP) holds the weights and one prompt's KV")
-        raise UserError(f"--ttft: no prefill pool of {','.join(req.gpus)} TP "
-                        f"{','.join(map(str, req.tensor_parallel_sizes))} within {MAX_GPU_BUDGET} GPUs meets "
-                        f"p{pct:g} TTFT {req.ttft:g} ms ({why})")
+    pct = req.ttft_at
     opt, n, st = choice.option, choice.instances, choice.stats
     rho = rate * float(opt.service_s.mean())
     scv = float(opt.service_s.var() / opt.service_s.mean() ** 2)
@@ -350,13 +421,9 @@ def whole_deployment(plan: Plan, req: PlanRequest, hw, gpus_per_node: dict[str, 
         mgc_wait_mean_ms=rounded(check.wait_mean_s * 1e3), cost_share=rounded(prefill_usd / total) if total else 0.0,
         measured_share=rounded(opt.measured_share),
         options=len(options))
-    record = ArrivalsOut(
-        process=req.arrivals, request_rate=req.request_rate, rate=rounded(rate), rate_scale=req.rate_scale,
-        target_tokens_per_s=req.target_tokens_per_s if req.arrivals == "poisson" else None,
-        requests=int(arr.times_s.size), seed=POISSON_SEED if req.arrivals == "poisson" else None,
-        mean_prompt_tokens=rounded(float(arr.prompts.mean())), mean_output_tokens=rounded(mean_out))
     dep = dep.model_copy(update={
-        "mode": "disaggregated", "arrivals": record, "prefill": pool, "usd_per_hour_all_in": rounded(total),
+        "mode": "disaggregated", "arrivals": arrivals_record(req, arrivals), "prefill": pool,
+        "usd_per_hour_all_in": rounded(total),
         "usd_per_million_output_tokens_all_in": rounded(total / out_m),
         "usd_per_million_output_tokens_decode": rounded(dep.usd_per_hour / out_m),
         "usd_per_million_output_tokens_prefill": rounded(prefill_usd / out_m),
@@ -397,10 +464,9 @@ def pooled_percentile(at, weight: dict[int, float], pct: float = 95.0) -> float:
             v, _mean = at(int(n))
             vals.append(v)
             wts.append(np.full(v.size, w / v.size))
-    v, w = np.concatenate(vals), np.concatenate(wts)
-    o = np.argsort(v, kind="stable")
-    c = np.cumsum(w[o]) / w.sum()
-    return float(v[o][np.searchsorted(c, pct / 100 - 1e-12)])
+    from opweave_planner.aggregated import weighted_percentile  # the one weighted (inverted-CDF) percentile
+
+    return weighted_percentile(np.concatenate(vals), np.concatenate(wts), pct)
 
 
 class OnGrid:

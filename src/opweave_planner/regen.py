@@ -231,7 +231,7 @@ def _load_of(doc) -> tuple | None:
     d = doc.deployment
     if d is None:
         return None
-    a, p = d.arrivals, d.prefill
+    a, p = d.arrivals, d.prefill if d.prefill is not None else d.aggregated  # 1.14: no prefill pool
     return (d.mode, d.target_concurrency, d.target_tokens_per_s if a is None else None,
             None if a is None else (a.process, a.request_rate, a.target_tokens_per_s, a.rate_scale),
             None if p is None else (p.ttft_slo_ms, p.ttft_percentile))

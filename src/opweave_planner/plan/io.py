@@ -90,12 +90,14 @@ BINDING_MINOR = 9  # a plan's `binding` record
 DISAGGREGATED_MINOR = 10  # deployment.mode / arrivals / prefill and the all-in costs
 AGGREGATED_MINOR = 11  # deployment.deployment_mode / aggregated, mode "aggregated"
 LOAD_MINOR = 13  # deployment.tpot_p95_at_load_ms and its occupancy
+POOL_LESS_MINOR = 14  # mode aggregated without a prefill pool: disaggregated_infeasible, aggregated.ttft_*
 
 
 def plan_version(plan) -> str:
     """The lowest 1.x covering every key a Plan carries (the searched space, its workload record,
     the 1.2 keys model_source / deployment / alternatives, the 1.9 binding, the 1.10
-    disaggregated deployment, the 1.11 aggregated one, the 1.13 TPOT at load)."""
+    disaggregated deployment, the 1.11 aggregated one, the 1.13 TPOT at load, the 1.14 aggregated one
+    without a prefill pool)."""
     extra = any(getattr(plan, k) is not None for k in ("model_source", "deployment", "alternatives"))
     minor = int(schema_version_for(plan.search.space, alternatives=extra, workload=plan.workload).split(".")[1])
     if plan.binding is not None:
@@ -104,6 +106,8 @@ def plan_version(plan) -> str:
         minor = max(minor, DISAGGREGATED_MINOR)
         if plan.deployment.deployment_mode is not None:
             minor = max(minor, AGGREGATED_MINOR)
+        if plan.deployment.prefill is None:
+            minor = max(minor, POOL_LESS_MINOR)
     if plan.deployment is not None and plan.deployment.tpot_p95_at_load_ms is not None:
         minor = max(minor, LOAD_MINOR)
     return f"{SCHEMA_MAJOR}.{minor}"

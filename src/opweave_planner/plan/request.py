@@ -134,6 +134,10 @@ def recorded_values(doc) -> dict[str, Any]:
     values["model"] = getattr(doc, "model_source", None) or values["model"]  # the file it was made from
     if value_at(doc, _DIST.rstrip(".")) is not None:
         values["ctx"] = None  # a workload's longest request: derived, not a setting
+    if values["ttft"] is None and value_at(doc, "deployment.aggregated.ttft_slo_ms") is not None:
+        # an aggregated deployment without a prefill pool records the TTFT SLO itself (1.14)
+        values["ttft"] = value_at(doc, "deployment.aggregated.ttft_slo_ms")
+        values["ttft_percentile"] = value_at(doc, "deployment.aggregated.ttft_percentile")
     if values["deployment_mode"] is None and value_at(doc, "deployment.mode") is not None:
         values["deployment_mode"] = "disaggregated"  # a whole deployment without the key: that mode only (1.10)
     if value_at(doc, SPACE + "memory_reserve_gb_by_gpu") is not None:

@@ -23,10 +23,10 @@ __all__ = [
     "SCHEMA_MAJOR", "SCHEMA_VERSION", "NAME_PATTERN", "Name", "PolicyName", "Plan", "Infeasible",
     "Alternative", "Workload", "Distribution", "TpotStats", "KvEventsOut", "OwnerOut", "StageOut", "TemplateOut", "Metrics",
     "SpaceOut", "SearchStats", "Provenance", "Deployment", "OwnerDeployment", "BindingOut", "ArrivalsOut",
-    "PrefillPoolOut",
+    "PrefillPoolOut", "AggregatedOut", "DisaggregatedInfeasibleOut",
 ]
 
-SCHEMA_VERSION = "1.13"
+SCHEMA_VERSION = "1.14"
 SCHEMA_MAJOR = 1
 _VERSION_PATTERN = rf"^{SCHEMA_MAJOR}\.(0|[1-9][0-9]*)$"
 
@@ -412,10 +412,29 @@ class AggregatedOut(_Frozen):
     binding: Literal["throughput", "tpot", "ttft"] = _f("What one replica fewer would break: throughput "
                                                         "(the decode load), the TPOT SLO or the TTFT SLO")
     options: StrictInt = _f("(GPU type, TP, batch, chunk) candidates enumerated", ge=1)
+    ttft_slo_ms: float | None = _f("--ttft, milliseconds, where the deployment has no prefill pool to record it "
+                                   "(deployment.prefill.ttft_slo_ms otherwise); schema 1.14", default=None, gt=0)
+    ttft_percentile: float | None = _f("Percentile of TTFT held to the SLO, where the deployment has no prefill "
+                                       "pool to record it; schema 1.14", default=None, gt=0, lt=100)
 
     @model_validator(mode="after")
     def _gpus_are_replicas_times_tp(self) -> AggregatedOut:
         return _gpus_are_groups_times_tp(self, "aggregated", "replicas")
+
+
+class DisaggregatedInfeasibleOut(_Frozen):
+    """Why no disaggregated deployment meets the SLOs (schema 1.14): what binds its prefill pool,
+    as an infeasibility record names what binds a decode plan."""
+
+    binding: Literal["ttft", "memory", "gpus"] = _f(
+        "ttft: the fastest unqueued prefill + hand-off of any (GPU type, TP) alone misses the TTFT percentile; "
+        "memory: no searched (GPU type, TP) holds the weights and one prompt's KV; gpus: no pool within the "
+        "GPU budget meets it")
+    reason: str = _f("The binding constraint in words (what `--deployment-mode disaggregated` says when it refuses)")
+    lowest_ttft_ms: float | None = _f("With binding ttft or gpus: the lowest unqueued TTFT at the percentile "
+                                      "(prefill + hand-off), milliseconds", default=None, gt=0)
+    handoff_mean_ms: float | None = _f("With binding ttft or gpus: that option's mean KV hand-off to the decode "
+                                       "pool (prompt KV over the inter-node link), milliseconds", default=None, ge=0)
 
 
 class Deployment(_Frozen):
@@ -441,7 +460,9 @@ class Deployment(_Frozen):
     mode: Literal["disaggregated", "aggregated"] | None = _f(
         "The deployment to run: disaggregated (a prefill pool, prefill, beside these decode copies, sized "
         "for the arrivals) or aggregated (the replicas of `aggregated`; schema 1.11); absent: decode only "
-        "(prefill not planned); added in schema 1.10. The disaggregated keys are present either way",
+        "(prefill not planned); added in schema 1.10. The disaggregated keys are present either way, except "
+        "from 1.14 in mode aggregated where no prefill pool meets the TTFT (disaggregated_infeasible) or "
+        "--deployment-mode aggregated planned none",
         default=None)
     deployment_mode: Literal["auto", "aggregated"] | None = _f(
         "--deployment-mode when both modes were searched (auto: the cheaper meeting both SLOs; aggregated: "
@@ -474,6 +495,10 @@ class Deployment(_Frozen):
     tpot_p95_full_occupancy_ms: float | None = _f(
         "The plan's p95 TPOT with every microbatch full: the SLO guarantee at any load; schema 1.13",
         default=None, gt=0)
+    disaggregated_infeasible: DisaggregatedInfeasibleOut | None = _f(
+        "Mode aggregated chosen by auto because no prefill pool meets the TTFT SLO: what binds the "
+        "disaggregated side (its keys, prefill and the all-in costs, are then absent); schema 1.14",
+        default=None)
 
     @model_validator(mode="after")
     def _pools_come_together(self) -> Deployment:
@@ -481,8 +506,23 @@ class Deployment(_Frozen):
                 "usd_per_million_output_tokens_decode", "usd_per_million_output_tokens_prefill",
                 "usd_per_million_input_tokens", "binding_pool")
         given = [getattr(self, k) is not None for k in keys]
-        if any(given) != (self.mode is not None) or (self.mode is not None and not all(given)):
+        # from 1.14 an aggregated deployment may stand without a prefill pool (none meets the TTFT,
+        # or --deployment-mode aggregated did not plan one): then only the arrivals come with mode
+        pool_less = self.mode == "aggregated" and given[0] and not any(given[1:])
+        if not pool_less and (any(given) != (self.mode is not None) or (self.mode is not None and not all(given))):
             raise ValueError(f"deployment: mode and {', '.join(keys)} come together (a disaggregated deployment)")
+        if pool_less:
+            agg = self.aggregated
+            if agg is not None and (agg.ttft_slo_ms is None or agg.ttft_percentile is None):
+                raise ValueError("deployment: an aggregated deployment without a prefill pool records "
+                                 "aggregated.ttft_slo_ms and aggregated.ttft_percentile")
+            if self.disaggregated_infeasible is None and self.deployment_mode != "aggregated":
+                raise ValueError("deployment: mode aggregated without a prefill pool needs "
+                                 "disaggregated_infeasible (auto) or deployment_mode aggregated")
+        elif self.disaggregated_infeasible is not None:
+            raise ValueError("deployment: disaggregated_infeasible comes with mode aggregated and no prefill pool")
+        if self.disaggregated_infeasible is not None and self.deployment_mode != "auto":
+            raise ValueError("deployment: disaggregated_infeasible comes with deployment_mode auto (both modes searched)")
         if (self.deployment_mode is not None or self.aggregated is not None) and self.mode is None:
             raise ValueError("deployment: deployment_mode and aggregated come with mode (a whole deployment)")
         if self.mode == "aggregated" and self.aggregated is None:
