@@ -171,17 +171,31 @@ def figures(cand: Candidate, times: np.ndarray, prompts: np.ndarray, outputs: np
     return _replayed(cand, times, prompts, outputs, replicas).figures(tpot_pct, ttft_pct)
 
 
+def _least_per_token(table: np.ndarray, most: int) -> float:
+    """min over 1 <= t <= most of (the least table value at t tokens or more, up to most) / t."""
+    part = table[1:most + 1]
+    least_above = np.minimum.accumulate(part[::-1])[::-1]
+    return float((least_above / np.arange(1, part.size + 1)).min())
+
+
 def ttft_floor(cand: Candidate, prompts: np.ndarray, ttft_pct: float) -> float:
-    """A lower bound (s) on the TTFT percentile at any replica count. Every step that carries a
-    piece of p tokens of a prompt holds at most `chunk` tokens (decodes count against the budget)
-    and at least p, so its linear operators take at least min over p <= u <= chunk of linear[u];
-    over the pieces that is at least P x the least such time per token. Waits, attention, the LM
-    head and the other requests' tokens only add to it; the bound holds request by request, so
-    for the percentile too."""
-    lin = cand.tables.linear_us[1:cand.chunk + 1]
-    least_above = np.minimum.accumulate(lin[::-1])[::-1]  # least linear time at t tokens or more
-    per_token = float((least_above / np.arange(1, lin.size + 1)).min()) * 1e-6
-    return float(np.percentile(np.asarray(prompts, np.float64) * per_token, ttft_pct))
+    """A lower bound (s) on the TTFT percentile at any replica count, request by request (so for
+    the percentile too): the steps that carry a prompt's pieces p_1 + ... = P each hold between p_j
+    and `chunk` tokens (decodes count against the budget), so their linear operators take at
+    least P x the least time per token over such steps; a piece's attention is at least the
+    prefix-free pass over prefix + piece less the pass over the prefix, which telescopes to one
+    pass over P (a recurrent state: a pass over the piece, bounded per token as the linear part);
+    the step the prompt ends in runs the LM head on at least one row. Waits and the other
+    requests' work only add to it."""
+    tab = cand.tables
+    p = np.asarray(prompts, np.int64)
+    floor = p * _least_per_token(tab.linear_us, cand.chunk) + float(tab.head_us[1:cand.chunk + 1].min())
+    for k in range(tab.pass_us.shape[0]):
+        if tab.recurrent[k]:
+            floor = floor + tab.count[k] * p * _least_per_token(tab.pass_us[k], min(cand.chunk, tab.pass_us.shape[1] - 1))
+        else:
+            floor = floor + tab.count[k] * tab.pass_us[k, p]
+    return float(np.percentile(floor * 1e-6, ttft_pct))
 
 
 def isolated_replicas(cand: Candidate, times: np.ndarray, prompts: np.ndarray, outputs: np.ndarray,

@@ -198,12 +198,17 @@ def deployment_mode_line(plan: Any) -> str | None:
     mode = _get(dep, "mode") if dep is not None else None
     if mode is None:
         return None
-    disagg_gpus = _get(dep, "gpus_total") + _get(_get(dep, "prefill"), "gpus")
-    disagg = (f"disaggregated {disagg_gpus} GPUs, {_get(dep, 'usd_per_hour_all_in'):,.2f} USD/h (the "
-              f"{_get(dep, 'binding_pool')} pool binds the cost; decode held to the TPOT SLO, prefill to the "
-              f"TTFT SLO)")
     agg = _get(dep, "aggregated")
     setting = _get(dep, "deployment_mode")
+    if _get(dep, "prefill") is None:  # schema 1.14: no prefill pool meets the TTFT, or none was planned
+        miss = _get(dep, "disaggregated_infeasible")
+        disagg = ("disaggregated not searched (--deployment-mode aggregated)" if miss is None else
+                  f"disaggregated infeasible ({_get(miss, 'binding')} binds: {_get(miss, 'reason')})")
+    else:
+        disagg_gpus = _get(dep, "gpus_total") + _get(_get(dep, "prefill"), "gpus")
+        disagg = (f"disaggregated {disagg_gpus} GPUs, {_get(dep, 'usd_per_hour_all_in'):,.2f} USD/h (the "
+                  f"{_get(dep, 'binding_pool')} pool binds the cost; decode held to the TPOT SLO, prefill to the "
+                  f"TTFT SLO)")
     if agg is None:
         other = ("aggregated not searched (--deployment-mode disaggregated)" if setting is None else
                  "no aggregated deployment meets both SLOs")
@@ -214,7 +219,8 @@ def deployment_mode_line(plan: Any) -> str | None:
          f"p{_get(agg, 'tpot_percentile'):g} TPOT {_get(agg, 'tpot_ms'):.2f} ms, TTFT {_get(agg, 'ttft_ms'):,.1f} ms; "
          f"one replica fewer breaks {_BINDS[_get(agg, 'binding')]})")
     first, second = (a, disagg) if mode == "aggregated" else (disagg, a)
-    why = "auto: the cheaper" if setting == "auto" else "--deployment-mode aggregated"
+    why = ("--deployment-mode aggregated" if setting != "auto" else "auto: the cheaper" if _get(dep, "prefill") is not None
+           else "auto: the only one meeting both SLOs")
     return f"deployment mode: {mode} ({why}): {first}; other mode: {second}"
 
 

@@ -179,9 +179,15 @@ def deployment_lines(dep: Deployment) -> list[str]:
 
 
 def prefill_lines(dep: Deployment) -> list[str]:
-    """The prefill pool and the all-in cost of a disaggregated deployment."""
+    """The prefill pool and the all-in cost of a disaggregated deployment (schema 1.14: none,
+    and why)."""
     a, p = dep.arrivals, dep.prefill
     src = f"trace x{a.rate_scale or 1:g}" if a.process == "trace" else f"Poisson, seed {a.seed}"
+    if p is None:
+        miss = dep.disaggregated_infeasible
+        why = "not planned (--deployment-mode aggregated)" if miss is None else f"infeasible: {miss.reason}"
+        return [f"prefill pool for {a.rate:.4g} requests/s ({src}, {a.requests:,} replayed, mean prompt "
+                f"{a.mean_prompt_tokens:,.0f} tokens): none, {why}"]
     return [
         f"prefill pool for {a.rate:.4g} requests/s ({src}, {a.requests:,} replayed, mean prompt "
         f"{a.mean_prompt_tokens:,.0f} tokens): {p.instances}x {p.gpu} TP{p.tensor_parallel} = {p.gpus} GPU{'s' if p.gpus != 1 else ''}, "

@@ -280,11 +280,13 @@ def sizing_note(ctx: Context) -> str:
     agg = ctx.aggregated
     if agg is not None:
         why = "the plan's mode" if ctx.deployment_mode is None else "--deployment-mode aggregated"
+        other = ("the plan's disaggregated deployment is its decode plan and prefill pool"
+                 if dep.prefill is not None else "the plan has no disaggregated deployment: no prefill pool "
+                 "meets its TTFT" if dep.disaggregated_infeasible is not None else "the plan planned no prefill pool")
         return (f"the plan's aggregated deployment: {len(ctx.placement(ctx.owners[0]))} replicas of {agg.gpu} "
                 f"TP{agg.tensor_parallel} ({gpus} GPUs on {ctx.nodes} node{'s' if ctx.nodes != 1 else ''}), "
                 f"each prefilling and decoding {agg.batch} requests with a {agg.chunk_tokens}-token chunk "
-                f"budget, no prefill pool ({why}; the plan's disaggregated deployment is its decode plan and "
-                f"prefill pool)")
+                f"budget, no prefill pool ({why}; {other})")
     pool = ctx.prefill
     if pool is not None and ctx.target.writes_prefill:
         return (f"{dep.copies} copies of the plan (the decode pool) and its prefill pool ({pool.instances}x "
