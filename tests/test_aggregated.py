@@ -379,3 +379,155 @@ def test_trace_arrivals_under_a_prompt_scale_keep_their_rows_and_outputs():
     arr, _rate, _mean = replayed_arrivals(doc, req, compiled)
     assert arr.rows is not None and arr.outputs.shape == arr.prompts.shape
     assert np.array_equal(arr.outputs, np.maximum(read_trace(path).output, 1)[arr.rows])
+
+
+# ----------------------------------------------------------------------------- the scan's two bounds
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_search)
+def test_the_ttft_floor_is_below_every_replay_and_isolation_ends_the_scan(case):
+    """`ttft_floor` never exceeds a replayed TTFT percentile, at any R; from `isolated_replicas`
+    on, every R replays the same figures (so a scan may stop there)."""
+    cands, times, prompts, outputs, _rate = _search_case(case)
+    for cand in cands[::3]:
+        iso = agg.isolated_replicas(cand, times, prompts, outputs)
+        assert 1 <= iso <= times.size
+        ref = agg._replayed(cand, times, prompts, outputs, iso).figures(95.0, 90.0)
+        for r in sorted({1, 2, max(iso - 1, 1), iso, iso + 1, iso + 3, times.size + 2}):
+            got = agg._replayed(cand, times, prompts, outputs, r)
+            assert agg.ttft_floor(cand, prompts, 90.0) <= got.ttft_percentile(90.0) * (1 + 1e-12)
+            if r >= iso:
+                fig = got.figures(95.0, 90.0)
+                assert fig.ttft_s == pytest.approx(ref.ttft_s, rel=1e-9)
+                assert fig.tpot_s == pytest.approx(ref.tpot_s, rel=1e-9)
+                assert fig.tpot_mean_s == pytest.approx(ref.tpot_mean_s, rel=1e-9)
+
+
+def test_the_binding_comes_from_the_replay_that_refused_one_replica_fewer():
+    rng = np.random.default_rng(7)
+    cands, times, prompts, outputs, rate = _search_case({"seed": 7, "n": 30, "rate": 300.0, "out": 6})
+    for cand in cands:
+        fig = agg.least_replicas(cand, times, prompts, outputs, rate, float(outputs.mean()), 0.03, 0.15, 95.0, 90.0,
+                                 12)
+        if fig is None:
+            continue
+        floor = agg.stable_replicas(cand, rate, float(outputs.mean()), agg.load_context(prompts, outputs))
+        if fig.replicas == floor:
+            assert fig.binding == "throughput"
+        else:
+            fewer = agg._replayed(cand, times, prompts, outputs, fig.replicas - 1)
+            assert not fewer.meets(0.03, 0.15, 95.0, 90.0)
+            assert fig.binding == ("ttft" if fewer.tpot_met(0.03, 95.0) else "tpot")
+    del rng
+
+
+def test_a_search_that_finds_nothing_says_what_binds():
+    cands, times, prompts, outputs, rate = _search_case({"seed": 3, "n": 12, "rate": 50.0, "out": 4})
+    closest = agg.Closest()
+    assert agg.choose(cands, times, prompts, outputs, rate, float(outputs.mean()), 0.03, 1e-4, 95.0, 90.0,
+                      max_gpus=12, closest=closest) is None
+    assert closest.replays == 0 and closest.reason(0.03, 1e-4, 95.0, 90.0, 12).startswith("ttft: ")
+    closest = agg.Closest()
+    assert agg.choose(cands, times, prompts, outputs, rate, float(outputs.mean()), 1e-4, 10.0, 95.0, 90.0,
+                      max_gpus=12, closest=closest) is None
+    assert closest.replays > 0 and closest.reason(1e-4, 10.0, 95.0, 90.0, 12).startswith("tpot: ")
+
+
+# ----------------------------------------------------------------------------- only aggregated meets the TTFT
+
+# a 1 GB/s link between the pools: a 7,680-token prompt's KV (1 GB for llama-3.1-8b) takes about
+# 1 s to hand off, so no prefill pool meets a 1 s TTFT; the aggregated replicas hand nothing off
+SLOW = dict(BASE, network_bandwidth="1GB/s")
+
+
+def _cost(dep) -> float:
+    return dep.aggregated.usd_per_hour if dep.mode == "aggregated" else dep.usd_per_hour_all_in
+
+
+@pytest.fixture(scope="module")
+def slow_auto():
+    return api.plan(api.make_request(**SLOW)).plan
+
+
+def test_auto_picks_aggregated_where_no_prefill_pool_meets_the_ttft(slow_auto):
+    import orjson
+
+    from opweave_planner.contract import parse_plan, recorded_request
+    from opweave_planner.plan import plan_bytes
+
+    doc = slow_auto
+    dep = doc.deployment
+    assert doc.schema_version == "1.14" and dep.mode == "aggregated" and dep.deployment_mode == "auto"
+    assert dep.prefill is None and dep.usd_per_hour_all_in is None and dep.arrivals.rate == 8
+    miss = dep.disaggregated_infeasible
+    assert miss.binding == "ttft" and miss.lowest_ttft_ms > 1000 and miss.handoff_mean_ms > 900
+    assert "hand-off" in miss.reason
+    a = dep.aggregated
+    assert a.ttft_ms <= 1000 and a.tpot_ms <= 60 and a.ttft_slo_ms == 1000 and a.ttft_percentile == 95
+    back = parse_plan(orjson.loads(plan_bytes(doc)), "p.json")
+    assert back.deployment == dep
+    req = recorded_request(doc)
+    assert (req.ttft, req.ttft_at, req.deployment_mode) == (1000, 95, "auto")
+    bad = orjson.loads(plan_bytes(doc))
+    del bad["deployment"]["disaggregated_infeasible"]
+    with pytest.raises(UserError, match="disaggregated_infeasible"):
+        parse_plan(bad, "p.json")
+
+
+def test_forced_disaggregated_refuses_with_the_reason():
+    with pytest.raises(UserError) as exc:
+        api.plan(api.make_request(**SLOW, deployment_mode="disaggregated"))
+    msg = str(exc.value)
+    assert msg.startswith("--ttft: no prefill pool") and "hand-off" in msg and "\n" not in msg
+
+
+def test_forced_aggregated_plans_no_prefill_pool_and_never_beats_auto(slow_auto, monkeypatch):
+    from opweave_planner import deployment
+
+    def boom(*a, **kw):
+        raise AssertionError("--deployment-mode aggregated planned a prefill pool")
+
+    monkeypatch.setattr(deployment, "prefill_pool", boom)
+    doc = api.plan(api.make_request(**SLOW, deployment_mode="aggregated")).plan
+    dep = doc.deployment
+    assert dep.mode == "aggregated" and dep.deployment_mode == "aggregated" and dep.prefill is None
+    assert dep.disaggregated_infeasible is None and doc.schema_version == "1.14"
+    assert dep.aggregated.usd_per_hour >= _cost(slow_auto.deployment)
+    assert dep.aggregated.model_dump(exclude={"ttft_slo_ms", "ttft_percentile"}) == \
+        slow_auto.deployment.aggregated.model_dump(exclude={"ttft_slo_ms", "ttft_percentile"})
+
+
+def test_a_looser_ttft_never_costs_more(slow_auto):
+    loose = api.plan(api.make_request(**{**SLOW, "ttft": "2s"})).plan.deployment
+    assert _cost(loose) <= _cost(slow_auto.deployment)
+
+
+def test_neither_mode_names_both_binding_constraints():
+    with pytest.raises(UserError) as exc:
+        api.plan(api.make_request(**{**SLOW, "ttft": "100ms"}))
+    msg = str(exc.value)
+    assert msg.startswith("--ttft: neither deployment mode meets the SLOs") and "\n" not in msg
+    assert "disaggregated: no prefill pool" in msg and "hand-off" in msg
+    assert "aggregated: no aggregated deployment" in msg and "(ttft: " in msg
+
+
+def test_tpot_is_held_at_the_plans_step_percentile_whatever_the_ttft_percentile(monkeypatch):
+    """A fixed --ctx's `percentile` is 100 (its decode steps are all equal); the aggregated
+    replicas hold step TPOT at p95, the method's step percentile, with --ttft-percentile 99 too."""
+    req = api.make_request(**SLOW, ttft_percentile=99)
+    assert req.percentile == 100 and req.ttft_at == 99 and agg.tpot_percentile(req) == 95
+    seen = []
+    real = agg.choose
+
+    def spy(*args, **kw):
+        seen.append(args[8:10])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(agg, "choose", spy)
+    doc = api.plan(req).plan
+    a = doc.deployment.aggregated
+    assert seen == [(95.0, 99.0)] and a.tpot_percentile == 95 and a.ttft_percentile == 99
+    path = str(Path(__file__).parent.parent / "examples" / "traces" / "azure-conv-sample.csv")
+    wl = api.make_request(model="llama-3.1-8b", slo="60ms", workload=path, gpus="h100", policy="colocated",
+                          ttft="1s", request_rate=2, ttft_percentile=99, slo_percentile=90)
+    assert agg.tpot_percentile(wl) == 90

@@ -358,7 +358,7 @@ def tpot_percentile(req: PlanRequest) -> float:
     return req.percentile if req.stochastic else STEP_PERCENTILE
 
 
-def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals, miss=None) -> Plan:
+def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals, miss=None, record=None) -> Plan:
     """`plan` with the aggregated deployment beside its disaggregated one, and `deployment.mode`
     the cheaper one meeting both SLOs (or the one --deployment-mode names).
 
@@ -366,8 +366,8 @@ def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals, miss=None) 
     says why none meets the TTFT, or --deployment-mode aggregated planned none) the decode
     copies alone, sized for the same arrivals. `seq`: the request's operator sequence;
     `arrivals`: (arrivals, rate, mean output) as `deployment.replayed_arrivals` gives them to
-    both modes; `miss`: `deployment.PoolMiss`."""
-    from opweave_planner.deployment import arrivals_record
+    both modes; `miss`: `deployment.PoolMiss`; `record`: the arrivals' `ArrivalsOut`
+    (`deployment.arrivals_record`), which a deployment without a prefill pool carries itself."""
     from opweave_planner.plan import plan_version
 
     dep = plan.deployment
@@ -406,7 +406,7 @@ def with_aggregated(plan: Plan, req: PlanRequest, hw, seq, arrivals, miss=None) 
         ttft_slo_ms=None if pooled else req.ttft, ttft_percentile=None if pooled else req.ttft_at)
     update = {"aggregated": agg, "deployment_mode": req.deployment_mode}
     if not pooled:  # the aggregated deployment alone: its arrivals, and why there is no prefill pool
-        update.update(mode="aggregated", arrivals=arrivals_record(req, arrivals),
+        update.update(mode="aggregated", arrivals=record,
                       disaggregated_infeasible=None if miss is None else miss.out())
     elif req.deployment_mode == "aggregated":
         update["mode"] = "aggregated"

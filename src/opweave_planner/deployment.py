@@ -345,13 +345,14 @@ def sized(doc: Plan, req: PlanRequest, hw, compiled=None) -> Plan:
             compiled = compile_request(req, hw)
         arrivals = replayed_arrivals(doc, req, compiled)
         decode = _decode_copies(doc, req, per_node, arrivals)
+        record = arrivals_record(req, arrivals)
         if req.deployment_mode == "aggregated":  # the decode copies are the only disaggregated figures kept
-            return with_aggregated(decode, req, hw, compiled.seq, arrivals)
+            return with_aggregated(decode, req, hw, compiled.seq, arrivals, record=record)
         options, got = prefill_pool(req, compiled.seq, hw, arrivals)
         if isinstance(got, PoolMiss):
             if req.deployment_mode == "disaggregated":
                 raise UserError(f"--ttft: {got.reason}")
-            return with_aggregated(decode, req, hw, compiled.seq, arrivals, got)
+            return with_aggregated(decode, req, hw, compiled.seq, arrivals, got, record)
         doc = _with_pool(decode, req, arrivals, options, got)
         if req.deployment_mode == "disaggregated":
             return doc
