@@ -54,10 +54,12 @@ def _plan(name: str) -> bytes:
         elif name == "workload":  # the Mooncake sample, shaped, sized for a rate
             req = api.make_request("llama-3.1-8b", "60ms", workload=str(TRACE), scale_ctx="8k",
                                    max_model_len="32k", scenarios=16, target_tokens_per_s=5000, **kw)
-        elif name == "agg":  # the aggregated mode (schema 1.11): its replicas are what runs
+        elif name in ("agg", "agg-auto"):  # the aggregated mode: its replicas are what runs (forced: schema
+            # 1.14, no prefill pool planned; auto: 1.11, the cheaper of both modes, the pool beside it)
             req = api.make_request("llama-3.1-8b", "60ms", "8704", gpus="h100", policy="colocated",
                                    tensor_parallel_sizes="1,2", batches=(8, 16, 32, 64), prompt_len="7680",
-                                   output_len="1024", ttft="1s", request_rate=8, deployment_mode="aggregated")
+                                   output_len="1024", ttft="1s", request_rate=8,
+                                   deployment_mode="aggregated" if name == "agg" else "auto")
         else:
             raise KeyError(name)
         _PLANS[name] = plan_bytes(api.plan(req).plan)
@@ -499,7 +501,8 @@ def test_an_aggregated_mode_plan_exports_its_replicas_and_benchmarks_its_arrival
     text = files["benchmark.sh"].decode()
     head = next(line for line in text.splitlines() if line.startswith("python3 - ")).split()
     assert head[3:5] == [repr(agg.tpot_mean_ms), repr(agg.tpot_ms)]
-    assert head[6:8] == [repr(agg.ttft_ms), repr(dep.prefill.ttft_slo_ms)]
+    slo = dep.prefill.ttft_slo_ms if dep.prefill is not None else agg.ttft_slo_ms  # 1.14: recorded on agg
+    assert head[6:8] == [repr(agg.ttft_ms), repr(slo)]
     bench = next(a for a in commands(files) if "--request-rate" in a)
     assert float(_flag(bench, "--request-rate")) == dep.arrivals.rate
     assert json.loads(files["export.json"])["benchmark"]["concurrency"] == agg.replicas * agg.batch
@@ -536,8 +539,11 @@ def test_the_other_deployment_mode_exports_on_request(tmp_path):
     assert int(_flag(argv, "--max-num-seqs")) == agg.batch
     man = json.loads(files["export.json"])["deployment"]
     assert (man["plan_mode"], man["exported_mode"], man["gpus_total"]) == ("disaggregated", "aggregated", agg.gpus)
-    path = _file(tmp_path, "agg")
+    with pytest.raises(UserError, match="records no disaggregated deployment"):  # forced: no prefill pool planned
+        build(_file(tmp_path, "agg"), "sglang", deployment_mode="disaggregated")
+    path = _file(tmp_path, "agg-auto")
     other = read_plan(path).deployment
+    assert other.mode == "aggregated" and other.prefill is not None
     _ctx, files = build(path, "sglang", deployment_mode="disaggregated")
     assert len([n for n in files if n.startswith("serve-prefill-")]) == other.prefill.instances
     assert json.loads(files["export.json"])["deployment"]["gpus_total"] == other.gpus_total + other.prefill.gpus

@@ -216,6 +216,8 @@ def plan_ttft(ctx) -> tuple[float, float, float] | None:
     agg, pool = ctx.aggregated, ctx.deployment.prefill if ctx.deployment is not None else None
     if agg is not None and pool is not None:  # the SLO and percentile are the request's, recorded on the pool
         return agg.ttft_ms, pool.ttft_slo_ms, pool.ttft_percentile
+    if agg is not None and agg.ttft_slo_ms is not None:  # schema 1.14: no pool, the replicas record them
+        return agg.ttft_ms, agg.ttft_slo_ms, agg.ttft_percentile
     pool = ctx.prefill
     if pool is None or not ctx.target.writes_prefill:
         return None
