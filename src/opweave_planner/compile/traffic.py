@@ -200,9 +200,9 @@ def _reserve_at(res: KvReserve, n: int, mix: Mix) -> float:
     tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
     # the one-class law bounds every crossing from above (exact with nothing below a window):
     # where even its reserve is below the quantile floor, the exact one is too
-    events = event_law(wl, n, mix, exact=False).reserve(res.preemptions_per_request)
+    events = event_law(wl, n, mix, exact=False, fast=True).reserve(res.preemptions_per_request)
     if events > tail:
-        events = event_law(wl, n, mix).reserve(res.preemptions_per_request)
+        events = event_law(wl, n, mix, fast=True).reserve(res.preemptions_per_request)
     return max(tail, events, longest + (n - 1) * shortest)
 
 
@@ -216,14 +216,15 @@ def _reserve_units(res: KvReserve, mix: Mix) -> np.ndarray:
     return units
 
 
-def event_law(wl: ContextLaw, n: int, mix: Mix, exact: bool | None = None):
+def event_law(wl: ContextLaw, n: int, mix: Mix, exact: bool | None = None, fast: bool = False):
     """The event law the planner reserves and records with (workload.kv.kv_events on EVENT_GRID):
     the exact window-split law where it takes at most EVENT_SPLIT_TERMS terms (few residents),
-    else (or with exact=False) the one-class upper bound; the one law without a window."""
-    bound = kv_events(wl, n, EVENT_GRID, *mix, exact=False)
+    else (or with exact=False) the one-class upper bound; the one law without a window (`fast`: the
+    reserve's arithmetic, kv_events)."""
+    bound = kv_events(wl, n, EVENT_GRID, *mix, exact=False, fast=fast)
     if exact is False or not 1 < bound.split_terms <= EVENT_SPLIT_TERMS:
         return bound
-    return kv_events(wl, n, EVENT_GRID, *mix)
+    return kv_events(wl, n, EVENT_GRID, *mix, fast=fast)
 
 
 def kv_mix(per_token: float, windows: dict[int, float]) -> Mix:
