@@ -326,44 +326,8 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
                windows: tuple[tuple[int, float], ...] = (), exact: bool = True, fast: bool = False) -> KvEvents:
     from scipy.fft import irfft, next_fast_len, rfft
 
-    from opweave_planner.workload.shaping import request_ends
-
-    arrive, last = request_ends(workload)
-    e_d = float(workload.mean_output)
-    lo_c, hi_c = workload.min_context, workload.max_context
-    stat = workload.pmf
-    lo = min(lo_c, int(np.flatnonzero(arrive > 0)[0]), int(np.flatnonzero(last > 0)[0]))
-    hi = max(hi_c, arrive.size - 1, last.size - 1)
-    xs = kv_bytes(np.arange(hi + 1), per_token, windows)  # one request's value at each context
-    x_lo = float(xs[lo])
-    grow_below = per_token + sum(b for _, b in windows)  # a context below every window grows by this
-    p_fin = min(1.0, 1.0 / e_d) if e_d > 0 else 1.0
-    grid = int(min(65536, max(EVENT_MIN_BINS, total_grid // n)))
-    # the finest bin is one token's growth past every window (the growth below them if none is left)
-    step = max(per_token if per_token > 0 else grow_below, (float(xs[hi]) - x_lo) / (grid - 1))
-    grid = math.floor((float(xs[hi]) - x_lo) / step + 0.5) + 1
-
-    def binned(w: np.ndarray) -> np.ndarray:
-        k = np.clip(np.floor((xs[: w.size] - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)
-        return np.bincount(k[w > 0], weights=w[w > 0], minlength=grid)
-
-    a1, f1 = binned(arrive), binned(last)
-    s1 = binned(stat)
-    cont = stat.copy()
-    cont[: last.size] -= p_fin * last[: cont.size]
-    cont = np.clip(cont, 0.0, None) if p_fin < 1.0 else cont
-    # continuing slots below the (longest) window grow by grow_below, the others by per_token
-    below = np.zeros(cont.size, bool)
-    below[: max((w for w, _ in windows), default=0)] = True
-    cont_b, cont_a = np.where(below, cont, 0.0), np.where(below, 0.0, cont)
-    p_below = float(cont_b.sum() / cont.sum()) if cont.sum() > 0 else 0.0
-    split = exact and p_below > 0.0
-    if split:  # the continuing slots in two classes, K ~ Binomial(n - m, p_below) below the window
-        wa1 = binned(cont_a / cont_a.sum()) if cont_a.sum() > 0 else binned(cont_a)
-        wb1 = binned(cont_b / cont_b.sum())
-    else:  # one class: every below-window count at its largest kept one (exact without a window)
-        wa1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
-        wb1 = np.zeros(grid)
+    e_d, x_lo, grow_below, p_fin, step, grid, a1, f1, s1, wa1, wb1, p_below, split = _binning(
+        workload, per_token, windows, int(min(65536, max(EVENT_MIN_BINS, total_grid // n))), exact)
     g_a, g_b = per_token / step, grow_below / step  # one token of growth, in bins
     size = n * (grid - 1) + math.ceil(n * g_b) + 3
     nfft = next_fast_len(size, real=True)
@@ -436,6 +400,53 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
         return out
 
     return KvEvents(n=n, base=n * x_lo, step=step, mean_output=e_d, nu_up=nu, above_of=above, split_terms=terms)
+
+
+@lru_cache(maxsize=1024)
+def _binning(workload: ContextLaw, per_token: float, windows: tuple[tuple[int, float], ...], grid: int,
+             exact: bool) -> tuple:
+    """The n-free part of `_kv_events` (one request's laws on `grid` bins, the continuing slots' classes):
+    every n with the same bin count shares it (every n past 65536 / EVENT_MIN_BINS)."""
+    from opweave_planner.workload.shaping import request_ends
+
+    arrive, last = request_ends(workload)
+    e_d = float(workload.mean_output)
+    lo_c, hi_c = workload.min_context, workload.max_context
+    stat = workload.pmf
+    lo = min(lo_c, int(np.flatnonzero(arrive > 0)[0]), int(np.flatnonzero(last > 0)[0]))
+    hi = max(hi_c, arrive.size - 1, last.size - 1)
+    xs = kv_bytes(np.arange(hi + 1), per_token, windows)  # one request's value at each context
+    x_lo = float(xs[lo])
+    grow_below = per_token + sum(b for _, b in windows)  # a context below every window grows by this
+    p_fin = min(1.0, 1.0 / e_d) if e_d > 0 else 1.0
+    # the finest bin is one token's growth past every window (the growth below them if none is left)
+    step = max(per_token if per_token > 0 else grow_below, (float(xs[hi]) - x_lo) / (grid - 1))
+    grid = math.floor((float(xs[hi]) - x_lo) / step + 0.5) + 1
+
+    def binned(w: np.ndarray) -> np.ndarray:
+        k = np.clip(np.floor((xs[: w.size] - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)
+        return np.bincount(k[w > 0], weights=w[w > 0], minlength=grid)
+
+    a1, f1 = binned(arrive), binned(last)
+    s1 = binned(stat)
+    cont = stat.copy()
+    cont[: last.size] -= p_fin * last[: cont.size]
+    cont = np.clip(cont, 0.0, None) if p_fin < 1.0 else cont
+    # continuing slots below the (longest) window grow by grow_below, the others by per_token
+    below = np.zeros(cont.size, bool)
+    below[: max((w for w, _ in windows), default=0)] = True
+    cont_b, cont_a = np.where(below, cont, 0.0), np.where(below, 0.0, cont)
+    p_below = float(cont_b.sum() / cont.sum()) if cont.sum() > 0 else 0.0
+    split = exact and p_below > 0.0
+    if split:  # the continuing slots in two classes, K ~ Binomial(n - m, p_below) below the window
+        wa1 = binned(cont_a / cont_a.sum()) if cont_a.sum() > 0 else binned(cont_a)
+        wb1 = binned(cont_b / cont_b.sum())
+    else:  # one class: every below-window count at its largest kept one (exact without a window)
+        wa1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
+        wb1 = np.zeros(grid)
+    for a in (a1, f1, s1, wa1, wb1):
+        a.setflags(write=False)
+    return e_d, x_lo, grow_below, p_fin, step, grid, a1, f1, s1, wa1, wb1, p_below, split
 
 
 class _EndSums:
