@@ -175,19 +175,38 @@ class KvReserve:
         """`units(mix)` read lazily at any count (what memory_need indexes, for the batch caps)."""
         return ReserveRow(self, mix)
 
+    def below(self, n: int, mix: Mix = FULL) -> float:
+        """A lower bound of `at(n, mix)` without its event law (the quantile and the floor the reserve
+        takes the larger of): where even it does not fit, the reserve does not."""
+        key, windows = (int(n), mix), mix[1]
+        if key in self.memo or (windows and max(w for w, _ in windows) <= self.workload.min_context):
+            return self.at(n, mix)  # known, or affine in the full-attention reserve
+        return _reserve_floor(self, int(n), mix)
+
 
 class ReserveRow(NamedTuple):
     reserve: KvReserve
     mix: Mix
+    lower: bool = False  # read KvReserve.below instead
 
     def __getitem__(self, n: int) -> float:
-        return self.reserve.at(n, self.mix)
+        return self.reserve.below(n, self.mix) if self.lower else self.reserve.at(n, self.mix)
 
 
 def kv_reserve(req: PlanRequest, wl: ContextLaw) -> KvReserve:
     """A workload request's reserve over its grid's resident counts."""
     return KvReserve(workload=wl, counts=tuple(resident_counts(req)), top=max(req.batches),
                      kv_quantile=req.kv_quantile, preemptions_per_request=req.preemptions_per_request)
+
+
+def _reserve_floor(res: KvReserve, n: int, mix: Mix) -> float:
+    """max(quantile bound, one at the longest context and n - 1 at the shortest): `_reserve_at` less
+    its event law."""
+    wl, (per_token, windows) = res.workload, mix
+    longest = float(kv_bytes(wl.max_context, per_token, windows))
+    shortest = float(kv_bytes(wl.min_context, per_token, windows))
+    tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
+    return max(tail, longest + (n - 1) * shortest)
 
 
 def _reserve_at(res: KvReserve, n: int, mix: Mix) -> float:
