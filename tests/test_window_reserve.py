@@ -91,6 +91,34 @@ def test_the_one_class_event_law_bounds_the_split_one(n):
         assert exact.reserve(eps) <= bound.reserve(eps) <= exact.reserve(eps) * 1.02
 
 
+
+@pytest.mark.parametrize(("n", "exact"), [(3, True), (8, True), (300, False), (700, False)])
+def test_the_reserves_fast_arithmetic_is_the_same_law(n, exact):
+    """fast=True (the reserve's squarings and blend) against the arithmetic plans record with: the same
+    grid, crossings within rounding of the far tail, the same reserve at every target; 300 and 700
+    take the squarings (exponents past 100), 3 and 8 the exact split's blend."""
+    wl = trace_workload(AZURE)
+    mix = (0.161290322581, ((1024, 0.838709677419),))
+    slow = kv_events(wl, n, EVENT_GRID, *mix, exact=exact)
+    fast = kv_events(wl, n, EVENT_GRID, *mix, exact=exact, fast=True)
+    assert fast is not slow and (fast.base, fast.step, fast.split_terms) == (slow.base, slow.step, slow.split_terms)
+    assert np.abs(fast.nu_up - slow.nu_up).max() <= 1e-13
+    assert np.array_equal(fast.above, slow.above)  # made with numpy's own power in both
+    for eps in (1e-6, 1e-5, 1e-4, 1e-3):
+        assert fast.reserve(eps) == slow.reserve(eps)
+
+
+def test_power_is_numpys_below_100_and_within_rounding_past_it():
+    from opweave_planner.workload.kv import _power
+
+    rng = np.random.default_rng(7)
+    z = rng.uniform(-1, 1, 4096) + 1j * rng.uniform(-1, 1, 4096)
+    z /= np.maximum(1.0, np.abs(z))  # |z| <= 1, as a law's transform
+    for n in (0, 1, 2, 3, 7, 64, 99):
+        assert np.array_equal(_power(z, n), z**n)
+    for n in (100, 101, 257, 1024):
+        assert np.allclose(_power(z, n), z**n, rtol=1e-11, atol=1e-300)
+
 GEMMA = dict(model="gemma-3-27b", slo="60ms", gpus="h100", workload=AZURE, policy="colocated",
              tensor_parallel_sizes=(4,), batches=(16, 32, 64), max_replicas=1)
 

@@ -175,19 +175,38 @@ class KvReserve:
         """`units(mix)` read lazily at any count (what memory_need indexes, for the batch caps)."""
         return ReserveRow(self, mix)
 
+    def below(self, n: int, mix: Mix = FULL) -> float:
+        """A lower bound of `at(n, mix)` without its event law (the quantile and the floor the reserve
+        takes the larger of): where even it does not fit, the reserve does not."""
+        key, windows = (int(n), mix), mix[1]
+        if key in self.memo or (windows and max(w for w, _ in windows) <= self.workload.min_context):
+            return self.at(n, mix)  # known, or affine in the full-attention reserve
+        return _reserve_floor(self, int(n), mix)
+
 
 class ReserveRow(NamedTuple):
     reserve: KvReserve
     mix: Mix
+    lower: bool = False  # read KvReserve.below instead
 
     def __getitem__(self, n: int) -> float:
-        return self.reserve.at(n, self.mix)
+        return self.reserve.below(n, self.mix) if self.lower else self.reserve.at(n, self.mix)
 
 
 def kv_reserve(req: PlanRequest, wl: ContextLaw) -> KvReserve:
     """A workload request's reserve over its grid's resident counts."""
     return KvReserve(workload=wl, counts=tuple(resident_counts(req)), top=max(req.batches),
                      kv_quantile=req.kv_quantile, preemptions_per_request=req.preemptions_per_request)
+
+
+def _reserve_floor(res: KvReserve, n: int, mix: Mix) -> float:
+    """max(quantile bound, one at the longest context and n - 1 at the shortest): `_reserve_at` less
+    its event law."""
+    wl, (per_token, windows) = res.workload, mix
+    longest = float(kv_bytes(wl.max_context, per_token, windows))
+    shortest = float(kv_bytes(wl.min_context, per_token, windows))
+    tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
+    return max(tail, longest + (n - 1) * shortest)
 
 
 def _reserve_at(res: KvReserve, n: int, mix: Mix) -> float:
@@ -200,9 +219,9 @@ def _reserve_at(res: KvReserve, n: int, mix: Mix) -> float:
     tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
     # the one-class law bounds every crossing from above (exact with nothing below a window):
     # where even its reserve is below the quantile floor, the exact one is too
-    events = event_law(wl, n, mix, exact=False).reserve(res.preemptions_per_request)
+    events = event_law(wl, n, mix, exact=False, fast=True).reserve(res.preemptions_per_request)
     if events > tail:
-        events = event_law(wl, n, mix).reserve(res.preemptions_per_request)
+        events = event_law(wl, n, mix, fast=True).reserve(res.preemptions_per_request)
     return max(tail, events, longest + (n - 1) * shortest)
 
 
@@ -216,14 +235,15 @@ def _reserve_units(res: KvReserve, mix: Mix) -> np.ndarray:
     return units
 
 
-def event_law(wl: ContextLaw, n: int, mix: Mix, exact: bool | None = None):
+def event_law(wl: ContextLaw, n: int, mix: Mix, exact: bool | None = None, fast: bool = False):
     """The event law the planner reserves and records with (workload.kv.kv_events on EVENT_GRID):
     the exact window-split law where it takes at most EVENT_SPLIT_TERMS terms (few residents),
-    else (or with exact=False) the one-class upper bound; the one law without a window."""
-    bound = kv_events(wl, n, EVENT_GRID, *mix, exact=False)
+    else (or with exact=False) the one-class upper bound; the one law without a window (`fast`: the
+    reserve's arithmetic, kv_events)."""
+    bound = kv_events(wl, n, EVENT_GRID, *mix, exact=False, fast=fast)
     if exact is False or not 1 < bound.split_terms <= EVENT_SPLIT_TERMS:
         return bound
-    return kv_events(wl, n, EVENT_GRID, *mix)
+    return kv_events(wl, n, EVENT_GRID, *mix, fast=fast)
 
 
 def kv_mix(per_token: float, windows: dict[int, float]) -> Mix:

@@ -6,9 +6,9 @@ reserves). See docs/workloads.md, "KV/state bytes and the memory tail".
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Literal
 
 import numpy as np
@@ -123,12 +123,28 @@ def _kv_sum_bounds(
     one = np.bincount(k, weights=w, minlength=grid)
     size = n * (grid - 1) + 1
     nfft = next_fast_len(size, real=True)
-    total = np.clip(irfft(rfft(one, nfft) ** n, nfft)[:size], 0.0, None)
+    total = np.clip(irfft(_power(rfft(one, nfft), n), nfft)[:size], 0.0, None)
     cdf = np.cumsum(total)
     cdf /= cdf[-1]
     kq = int(min(np.searchsorted(cdf, q - 1e-12, side="left"), size - 1))
     hi = n * x_min + kq * h
     return max(n * x_min, hi - n * h), hi
+
+
+def _power(z: np.ndarray, n: int) -> np.ndarray:
+    """z ** n elementwise, by the binary powers numpy itself takes below an exponent of 100 (the same
+    bits there); at and past 100 numpy's complex power goes through exp(n log z), about 10x slower on
+    the long transforms, where these squarings are as accurate (|z| <= 1: a law's transform)."""
+    if n < 100:
+        return z**n
+    out, p = None, z
+    while n:
+        if n & 1:
+            out = p if out is None else out * p
+        n >>= 1
+        if n:
+            p = p * p
+    return out
 
 
 def kv_sum_quantile(
@@ -190,8 +206,14 @@ class KvEvents:
     step: float
     mean_output: float
     nu_up: np.ndarray = field(repr=False)
-    above: np.ndarray = field(repr=False)
+    above_of: Callable[[], np.ndarray] = field(repr=False)  # `above`, made on first read: the reserve
+    # never reads it, and it is two of the law's longest transforms
     split_terms: int = 1  # (m, K) terms of the exact law (with windows: what `exact=True` costs)
+
+    @cached_property
+    def above(self) -> np.ndarray:
+        """Share of steps above each capacity (read-only)."""
+        return self.above_of()
 
     def _index(self, capacity: float) -> int:
         if not math.isfinite(capacity):  # no context-dependent KV: never crossed
@@ -228,7 +250,7 @@ class KvEvents:
 
 
 def kv_events(workload: ContextLaw, n_requests: int, grid: int = KV_GRID, per_token: float = 1.0,
-              windows: Sequence[tuple[int, float]] = (), exact: bool = True) -> KvEvents:
+              windows: Sequence[tuple[int, float]] = (), exact: bool = True, fast: bool = False) -> KvEvents:
     """The law of a replica's preemption episodes at every capacity, counted in the units of one
     request's ``kv_bytes(c, per_token, windows)`` (the defaults: context tokens).
 
@@ -252,11 +274,16 @@ def kv_events(workload: ContextLaw, n_requests: int, grid: int = KV_GRID, per_to
     below-window ones number their largest kept ``K`` (its binomial tail above is below
     ``EVENT_TAIL``): more growth, so an upper bound on every ``nu_up``, at the cost of the
     window-free law; the same law where nothing is below a window.
+
+    ``fast=True`` (what the planner's reserve reads) takes the long transforms' powers by squaring
+    (`_power`) and blends each ``k``'s transform into its two shifts without ``k x F`` temporaries:
+    the same law, rounded differently in the last digits of its far tail (about 1e-11 per request,
+    where plans record it); the default keeps the arithmetic the plan records were made with.
     """
     if n_requests < 1:
         raise UserError(f"preemption episodes: n_requests must be >= 1, got {n_requests}")
     key = tuple(sorted((int(a), float(b)) for a, b in windows if b))
-    return _kv_events(workload, int(n_requests), int(grid), float(per_token), key, bool(exact))
+    return _kv_events(workload, int(n_requests), int(grid), float(per_token), key, bool(exact), bool(fast))
 
 
 def _binomial(n: int, p: float) -> np.ndarray:
@@ -296,47 +323,11 @@ def _term(s: float, m: int, grid: int, small: int, cdf_f, tail) -> np.ndarray:
 
 @lru_cache(maxsize=1024)
 def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float = 1.0,
-               windows: tuple[tuple[int, float], ...] = (), exact: bool = True) -> KvEvents:
+               windows: tuple[tuple[int, float], ...] = (), exact: bool = True, fast: bool = False) -> KvEvents:
     from scipy.fft import irfft, next_fast_len, rfft
 
-    from opweave_planner.workload.shaping import request_ends
-
-    arrive, last = request_ends(workload)
-    e_d = float(workload.mean_output)
-    lo_c, hi_c = workload.min_context, workload.max_context
-    stat = workload.pmf
-    lo = min(lo_c, int(np.flatnonzero(arrive > 0)[0]), int(np.flatnonzero(last > 0)[0]))
-    hi = max(hi_c, arrive.size - 1, last.size - 1)
-    xs = kv_bytes(np.arange(hi + 1), per_token, windows)  # one request's value at each context
-    x_lo = float(xs[lo])
-    grow_below = per_token + sum(b for _, b in windows)  # a context below every window grows by this
-    p_fin = min(1.0, 1.0 / e_d) if e_d > 0 else 1.0
-    grid = int(min(65536, max(EVENT_MIN_BINS, total_grid // n)))
-    # the finest bin is one token's growth past every window (the growth below them if none is left)
-    step = max(per_token if per_token > 0 else grow_below, (float(xs[hi]) - x_lo) / (grid - 1))
-    grid = math.floor((float(xs[hi]) - x_lo) / step + 0.5) + 1
-
-    def binned(w: np.ndarray) -> np.ndarray:
-        k = np.clip(np.floor((xs[: w.size] - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)
-        return np.bincount(k[w > 0], weights=w[w > 0], minlength=grid)
-
-    a1, f1 = binned(arrive), binned(last)
-    s1 = binned(stat)
-    cont = stat.copy()
-    cont[: last.size] -= p_fin * last[: cont.size]
-    cont = np.clip(cont, 0.0, None) if p_fin < 1.0 else cont
-    # continuing slots below the (longest) window grow by grow_below, the others by per_token
-    below = np.zeros(cont.size, bool)
-    below[: max((w for w, _ in windows), default=0)] = True
-    cont_b, cont_a = np.where(below, cont, 0.0), np.where(below, 0.0, cont)
-    p_below = float(cont_b.sum() / cont.sum()) if cont.sum() > 0 else 0.0
-    split = exact and p_below > 0.0
-    if split:  # the continuing slots in two classes, K ~ Binomial(n - m, p_below) below the window
-        wa1 = binned(cont_a / cont_a.sum()) if cont_a.sum() > 0 else binned(cont_a)
-        wb1 = binned(cont_b / cont_b.sum())
-    else:  # one class: every below-window count at its largest kept one (exact without a window)
-        wa1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
-        wb1 = np.zeros(grid)
+    e_d, x_lo, grow_below, p_fin, step, grid, a1, f1, s1, wa1, wb1, p_below, split = _binning(
+        workload, per_token, windows, int(min(65536, max(EVENT_MIN_BINS, total_grid // n))), exact)
     g_a, g_b = per_token / step, grow_below / step  # one token of growth, in bins
     size = n * (grid - 1) + math.ceil(n * g_b) + 3
     nfft = next_fast_len(size, real=True)
@@ -364,13 +355,10 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
         pow_b[e] = pow_b[e - 1] * wb_small
     acc = np.zeros(small // 2 + 1, dtype=np.complex128)
     cdf_f = tail = None
+    ends = _end_sums(workload, per_token, windows, step, grid)
     for m in range(m_hi, m_lo - 1, -1):
         if m:
-            lm = next_fast_len(m * (grid - 1) + 1, real=True)
-            sf = np.clip(irfft(rfft(f1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
-            sa = np.clip(irfft(rfft(a1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
-            cdf_f = np.minimum(np.cumsum(sf) / sf.sum(), 1.0)
-            tail = np.concatenate([[1.0], np.clip(1.0 - np.cumsum(sa) / sa.sum(), 0.0, 1.0)])  # P(A > k - 1)
+            cdf_f, tail = ends.at(m, f1, a1)
         if not split:
             shift = (n - m - k_top[m]) * g_a + k_top[m] * g_b
             acc += bm[m] * pow_a[n - m - a0] * _term(shift, m, grid, small, cdf_f, tail)
@@ -386,17 +374,106 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
         weight = np.zeros((at.size, k.size))  # blend weight of each whole shift in each k's term
         weight[whole - at[0], np.arange(k.size)] = bk[k] * (1.0 - frac)
         weight[whole + 1 - at[0], np.arange(k.size)] += bk[k] * frac
-        laws = weight @ (pow_a[n - m - k - a0] * pow_b[k - k_lo])
+        if fast:  # weight @ (k's transforms): each k's product made once and added to its two shifts
+            laws = np.zeros((at.size, small // 2 + 1), dtype=np.complex128)
+            for j in range(k.size):
+                prod = pow_a[n - m - k[j] - a0] * pow_b[k[j] - k_lo]
+                for i in np.flatnonzero(weight[:, j]):
+                    laws[i] += weight[i, j] * prod
+        else:
+            laws = weight @ (pow_a[n - m - k - a0] * pow_b[k - k_lo])
         for i in np.flatnonzero(weight.any(axis=1)):
             acc += bm[m] * laws[i] * _term(float(at[i]), m, grid, small, cdf_f, tail)
     inner = irfft(acc, small)
-    acc = rfft(wa1, nfft) ** a0
+    power = _power if fast else np.power
+    acc = power(rfft(wa1, nfft), a0)
     if k_lo:
-        acc = acc * rfft(wb1, nfft) ** k_lo
+        acc = acc * power(rfft(wb1, nfft), k_lo)
     acc = acc * rfft(inner, nfft)
     nu = np.clip(irfft(acc, nfft)[:size], 0.0, None)
-    total = np.clip(irfft(rfft(s1, nfft) ** n, nfft)[:size], 0.0, None)
-    above = np.clip(1.0 - np.cumsum(total) / total.sum(), 0.0, 1.0)
     nu.setflags(write=False)
-    above.setflags(write=False)
-    return KvEvents(n=n, base=n * x_lo, step=step, mean_output=e_d, nu_up=nu, above=above, split_terms=terms)
+
+    def above() -> np.ndarray:
+        total = np.clip(irfft(rfft(s1, nfft) ** n, nfft)[:size], 0.0, None)
+        out = np.clip(1.0 - np.cumsum(total) / total.sum(), 0.0, 1.0)
+        out.setflags(write=False)
+        return out
+
+    return KvEvents(n=n, base=n * x_lo, step=step, mean_output=e_d, nu_up=nu, above_of=above, split_terms=terms)
+
+
+@lru_cache(maxsize=1024)
+def _binning(workload: ContextLaw, per_token: float, windows: tuple[tuple[int, float], ...], grid: int,
+             exact: bool) -> tuple:
+    """The n-free part of `_kv_events` (one request's laws on `grid` bins, the continuing slots' classes):
+    every n with the same bin count shares it (every n past 65536 / EVENT_MIN_BINS)."""
+    from opweave_planner.workload.shaping import request_ends
+
+    arrive, last = request_ends(workload)
+    e_d = float(workload.mean_output)
+    lo_c, hi_c = workload.min_context, workload.max_context
+    stat = workload.pmf
+    lo = min(lo_c, int(np.flatnonzero(arrive > 0)[0]), int(np.flatnonzero(last > 0)[0]))
+    hi = max(hi_c, arrive.size - 1, last.size - 1)
+    xs = kv_bytes(np.arange(hi + 1), per_token, windows)  # one request's value at each context
+    x_lo = float(xs[lo])
+    grow_below = per_token + sum(b for _, b in windows)  # a context below every window grows by this
+    p_fin = min(1.0, 1.0 / e_d) if e_d > 0 else 1.0
+    # the finest bin is one token's growth past every window (the growth below them if none is left)
+    step = max(per_token if per_token > 0 else grow_below, (float(xs[hi]) - x_lo) / (grid - 1))
+    grid = math.floor((float(xs[hi]) - x_lo) / step + 0.5) + 1
+
+    def binned(w: np.ndarray) -> np.ndarray:
+        k = np.clip(np.floor((xs[: w.size] - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)
+        return np.bincount(k[w > 0], weights=w[w > 0], minlength=grid)
+
+    a1, f1 = binned(arrive), binned(last)
+    s1 = binned(stat)
+    cont = stat.copy()
+    cont[: last.size] -= p_fin * last[: cont.size]
+    cont = np.clip(cont, 0.0, None) if p_fin < 1.0 else cont
+    # continuing slots below the (longest) window grow by grow_below, the others by per_token
+    below = np.zeros(cont.size, bool)
+    below[: max((w for w, _ in windows), default=0)] = True
+    cont_b, cont_a = np.where(below, cont, 0.0), np.where(below, 0.0, cont)
+    p_below = float(cont_b.sum() / cont.sum()) if cont.sum() > 0 else 0.0
+    split = exact and p_below > 0.0
+    if split:  # the continuing slots in two classes, K ~ Binomial(n - m, p_below) below the window
+        wa1 = binned(cont_a / cont_a.sum()) if cont_a.sum() > 0 else binned(cont_a)
+        wb1 = binned(cont_b / cont_b.sum())
+    else:  # one class: every below-window count at its largest kept one (exact without a window)
+        wa1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
+        wb1 = np.zeros(grid)
+    for a in (a1, f1, s1, wa1, wb1):
+        a.setflags(write=False)
+    return e_d, x_lo, grow_below, p_fin, step, grid, a1, f1, s1, wa1, wb1, p_below, split
+
+
+class _EndSums:
+    """(P(F <= k), P(A > k - 1)) of m finishing / arriving requests summed, per m on first use: the
+    one-class and exact laws of one n, and every n past the finest bin count (one grid), share them."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def at(self, m: int, f1: np.ndarray, a1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if m not in self.memo:
+            from scipy.fft import irfft, next_fast_len, rfft
+
+            grid = f1.size
+            lm = next_fast_len(m * (grid - 1) + 1, real=True)
+            sf = np.clip(irfft(rfft(f1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
+            sa = np.clip(irfft(rfft(a1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
+            cdf_f = np.minimum(np.cumsum(sf) / sf.sum(), 1.0)
+            tail = np.concatenate([[1.0], np.clip(1.0 - np.cumsum(sa) / sa.sum(), 0.0, 1.0)])  # P(A > k - 1)
+            cdf_f.setflags(write=False)
+            tail.setflags(write=False)
+            self.memo[m] = cdf_f, tail
+        return self.memo[m]
+
+
+@lru_cache(maxsize=256)
+def _end_sums(workload: ContextLaw, per_token: float, windows: tuple[tuple[int, float], ...], step: float,
+              grid: int) -> _EndSums:
+    """The end sums of one binning (the bins of `_kv_events`' `binned`: workload, coefficients, step, grid)."""
+    return _EndSums()
