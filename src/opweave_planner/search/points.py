@@ -303,18 +303,20 @@ def sort_points(pts, o):
     (config, n) names a point, so the key is a strict total order and the sorted order is
     unique: an insertion sort of indices, then one gather per array (not seven swaps a step)."""
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
-    order, npts = pts.order, pts.count[o]
+    order, npts, moved = pts.order, pts.count[o], False
     for a in range(npts):
         order[a] = a
         j = a
         while j > 0 and _key_less(pr, prho, pbh, ptot, pc, pn, a, order[j - 1]):
             order[j] = order[j - 1]
             j -= 1
+            moved = True
         order[j] = a
-    for arr in (pr, prho, ptot):
-        _gather_f(arr, order, pts.tmpf, npts)
-    for arri in (pc, pm, pn, pbh):
-        _gather_i(arri, order, pts.tmpi, npts)
+    if moved:  # points come mostly in key order (one GPU type: often exactly)
+        for arr in (pr, prho, ptot):
+            _gather_f(arr, order, pts.tmpf, npts)
+        for arri in (pc, pm, pn, pbh):
+            _gather_i(arri, order, pts.tmpi, npts)
     point_minima(pts, o)
     # staircase: in r order, a point enters when it is faster than every cheaper one
     prof_t, prof_r, w, fastest = pts.prof_t[o], pts.prof_r[o], 0, np.inf
