@@ -115,14 +115,14 @@ def owner_tables(p):
                 dom[o, c, m, base] = tab[o, c, m, pos[j]]
                 for g in range(n_g):
                     dom[o, c, m, base + 1 + g] = stage_time(kpref[c, m, g], start[j], end[j], fixed[c])
-    tp_rank = np.zeros(n_cfg, np.int64)
-    for a in range(n_cfg):
-        for b in range(n_cfg):  # distinct TPs below a's: a dense rank
-            smaller = p.fabric.cfg_tp[b] < p.fabric.cfg_tp[a]
-            for e in range(b):
-                if p.fabric.cfg_tp[e] == p.fabric.cfg_tp[b]:
-                    smaller = False  # counted at its first config already
-            if smaller:
+    tp_rank = np.zeros(n_cfg, np.int64)  # the number of distinct TPs below a config's
+    for b in range(n_cfg):
+        first = True  # b is the first config of its TP: count that TP once
+        for e in range(b):
+            if p.fabric.cfg_tp[e] == p.fabric.cfg_tp[b]:
+                first = False
+        for a in range(n_cfg):
+            if first and p.fabric.cfg_tp[b] < p.fabric.cfg_tp[a]:
                 tp_rank[a] += 1
     return OwnerTables(tab=tab, count=count, pos=pos, wown=wown, kvown=kvown, kvcown=kvcown, dom=dom,
                        knot_free=tr.knot_free, pair_payload=pair_payload, n_cross=n_cross, tp_rank=tp_rank)
@@ -270,15 +270,8 @@ def _swap(arr, a, b):
 
 
 @kernel(inline=True, refcount=False)
-def _gather_f(arr, order, tmp, n):
-    for a in range(n):
-        tmp[a] = arr[order[a]]
-    for a in range(n):
-        arr[a] = tmp[a]
-
-
-@kernel(inline=True, refcount=False)
-def _gather_i(arr, order, tmp, n):
+def _gather(arr, order, tmp, n):
+    """arr[:n] = arr[order[:n]] through tmp (a buffer of arr's dtype)."""
     for a in range(n):
         tmp[a] = arr[order[a]]
     for a in range(n):
@@ -314,9 +307,9 @@ def sort_points(pts, o):
         order[j] = a
     if moved:  # points come mostly in key order (one GPU type: often exactly)
         for arr in (pr, prho, ptot):
-            _gather_f(arr, order, pts.tmpf, npts)
+            _gather(arr, order, pts.tmpf, npts)
         for arri in (pc, pm, pn, pbh):
-            _gather_i(arri, order, pts.tmpi, npts)
+            _gather(arri, order, pts.tmpi, npts)
     point_minima(pts, o)
     # staircase: in r order, a point enters when it is faster than every cheaper one
     prof_t, prof_r, w, fastest = pts.prof_t[o], pts.prof_r[o], 0, np.inf
