@@ -21,7 +21,7 @@ from opweave_planner.compile.problem import (
     check_problem,
     typed_part,
 )
-from opweave_planner.compile.tables import Tables, build_tables, searched_batches, stages
+from opweave_planner.compile.tables import Tables, build_tables, owner_units, searched_batches, stages
 from opweave_planner.compile.traffic import build_traffic, kv_reserve, workload_of
 from opweave_planner.inputs.hardware import Hardware, load_hardware
 from opweave_planner.inputs.model import ModelSpec, load_model
@@ -86,15 +86,32 @@ class Compiled:
         configs, own, traffic = ((t.colocated_configs, t.colocated_grid, t.colocated_traffic) if one
                                  else (t.per_config, t.grid, t.traffic))
         grid = own if batches is None else own._replace(batches=np.array(batches, np.int64))
-        p = Problem(stages=typed_part(stages(self.seq, splan, t, only_gpu)),
-                    configs=configs, fabric=t.fabric, grid=grid, limits=lim, traffic=traffic)
+        st, seen = self._stages(template, splan)
+        if only_gpu is not None:
+            st = st._replace(cfg_ok=st.cfg_ok & (t.fabric.cfg_gpu == only_gpu)[None, :])
+        p = Problem(stages=st, configs=configs, fabric=t.fabric, grid=grid, limits=lim, traffic=traffic)
         # the shared parts are typed once and checked with the first template of each kind; per
-        # template, its own
+        # template, its own stages on its first Problem (a later one of the same template, e.g.
+        # restricted to one GPU type, has the same arrays but cfg_ok, of the same shape)
         if not self._cache.get(("checked", one)):
             check_problem(p)
             self._cache["checked", one] = True
             return p
-        return check_problem(p, ("stages",) + (("limits",) if fresh else ()) + (() if batches is None else ("grid",)))
+        return check_problem(p, (() if seen else ("stages",)) + (("limits",) if fresh else ())
+                             + (() if batches is None else ("grid",)))
+
+    def _stages(self, template: Template, splan: StagePlan):
+        """(the template's typed Stages over every GPU type, whether built before): the small
+        arrays are kept per template (the search builds each template's Problem once per phase),
+        the reserve rows, [k, C, B+] and large, are rebuilt each time (tables.owner_units)."""
+        kept = self._cache.setdefault("stages", {})
+        st = kept.get(template)
+        if st is None:
+            st = typed_part(stages(self.seq, splan, self.tables))
+            kept[template] = st._replace(kv_units=None)
+            return st, False
+        units = owner_units(self.tables, st.stage_owner, st.stage_start, st.stage_end, st.k, splan.n_stages == 1)
+        return st._replace(kv_units=np.ascontiguousarray(units, np.float64)), True
 
 
 def hardware_for(req: PlanRequest) -> Hardware:

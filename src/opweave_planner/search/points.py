@@ -33,6 +33,8 @@ class OwnerTables(NamedTuple):
     knot_free: np.ndarray  # bool[C, C]: Traffic.knot_free
     pair_payload: np.ndarray  # float64[k, k]: boundary bytes per request, sender -> receiver
     n_cross: np.ndarray  # float64[k, k]: boundaries per owner pair
+    # a config's TP as a dense rank (0 .. distinct TPs - 1): the frontier's grouping key
+    tp_rank: np.ndarray  # int64[C]
 
 
 class Points(NamedTuple):
@@ -57,6 +59,12 @@ class Points(NamedTuple):
     prof_r: np.ndarray  # float64[k, pmax]
     prof_n: np.ndarray  # int64[k]
     pidx: np.ndarray  # int64[k]: bound scratch
+    # frontier and sort scratch: point indices grouped or ordered, bucket starts, a gather buffer
+    order: np.ndarray  # int64[pmax]
+    start: np.ndarray  # int64[C x max_rep + 1]
+    gkey: np.ndarray  # int64[pmax]
+    tmpf: np.ndarray  # float64[pmax]
+    tmpi: np.ndarray  # int64[pmax]
 
 
 @kernel(inline=True)
@@ -107,8 +115,17 @@ def owner_tables(p):
                 dom[o, c, m, base] = tab[o, c, m, pos[j]]
                 for g in range(n_g):
                     dom[o, c, m, base + 1 + g] = stage_time(kpref[c, m, g], start[j], end[j], fixed[c])
+    tp_rank = np.zeros(n_cfg, np.int64)  # the number of distinct TPs below a config's
+    for b in range(n_cfg):
+        first = True  # b is the first config of its TP: count that TP once
+        for e in range(b):
+            if p.fabric.cfg_tp[e] == p.fabric.cfg_tp[b]:
+                first = False
+        for a in range(n_cfg):
+            if first and p.fabric.cfg_tp[b] < p.fabric.cfg_tp[a]:
+                tp_rank[a] += 1
     return OwnerTables(tab=tab, count=count, pos=pos, wown=wown, kvown=kvown, kvcown=kvcown, dom=dom,
-                       knot_free=tr.knot_free, pair_payload=pair_payload, n_cross=n_cross)
+                       knot_free=tr.knot_free, pair_payload=pair_payload, n_cross=n_cross, tp_rank=tp_rank)
 
 
 @kernel(inline=True)
@@ -119,7 +136,9 @@ def new_points(p):
                   rho=np.zeros((k, pmax)), total=np.zeros((k, pmax)), count=np.zeros(k, np.int64),
                   min_total=np.empty(k), min_r=np.empty(k), min_rho=np.empty(k), min_bh=np.empty(k),
                   keep=np.empty(pmax, np.bool_), prof_t=np.zeros((k, pmax)), prof_r=np.zeros((k, pmax)),
-                  prof_n=np.zeros(k, np.int64), pidx=np.zeros(k, np.int64))
+                  prof_n=np.zeros(k, np.int64), pidx=np.zeros(k, np.int64), order=np.zeros(pmax, np.int64),
+                  start=np.zeros(pmax + 1, np.int64), gkey=np.zeros(pmax, np.int64), tmpf=np.zeros(pmax),
+                  tmpi=np.zeros(pmax, np.int64))
 
 
 @kernel(inline=True, refcount=False)
@@ -176,24 +195,51 @@ def _dominates(tab, length, step, r, c, m, a, b):
 def pareto_filter(fab, ot, o, cross_type, pts, counters):
     """Keep the network-safe frontier: dominance only at equal TP and equal b (equal transfer
     sizes and GPU count), with no dearer NCCL call, and across GPU types only when no candidate
-    of this (B, mu) fits in one node (otherwise the GPU type decides the link)."""
+    of this (B, mu) fits in one node (otherwise the GPU type decides the link).
+
+    At one (B, mu), b = B / (mu n), so equal b is equal n: the points are bucketed by (n, TP rank)
+    (a stable counting sort) and only pairs inside a bucket are compared, in the order the full
+    double loop would compare them (a ascending, then b ascending). Pairs across buckets are the
+    ones the full loop skips, and no check in one bucket reads another's keep flags, so the kept
+    set is the full loop's, for any relation (linear, not quadratic, in the points per owner)."""
     tp, gpu, tx, tab, length = fab.cfg_tp, fab.cfg_gpu, fab.cfg_transfer_fixed, ot.dom[o], ot.dom.shape[3]
-    knot_free, stride = ot.knot_free, ot.dom.shape[3] // ot.tab.shape[3]
+    knot_free, stride, tp_rank = ot.knot_free, ot.dom.shape[3] // ot.tab.shape[3], ot.tp_rank
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     npts = pts.count[o]
-    keep = pts.keep
+    keep, order, start, gkey = pts.keep, pts.order, pts.start, pts.gkey
     keep[:npts] = True
+    n_tp, n_rep = 0, 0
     for a in range(npts):
-        for b in range(npts):
-            if a == b or not keep[a] or tp[pc[a]] != tp[pc[b]] or pbh[a] != pbh[b]:
-                continue
-            if not cross_type and gpu[pc[a]] != gpu[pc[b]]:
-                continue
-            if tx[pc[a]] > tx[pc[b]]:  # a's hand-offs would cost more: not safe to drop b
-                continue
-            step = stride if knot_free[pc[a], pc[b]] else 1
-            if _dominates(tab, length, step, pr, pc, pm, a, b):
-                keep[b] = False
+        n_tp = max(n_tp, tp_rank[pc[a]] + 1)
+        n_rep = max(n_rep, pn[a])
+    n_b = n_rep * n_tp
+    for g in range(n_b + 1):
+        start[g] = 0
+    for a in range(npts):
+        gkey[a] = (pn[a] - 1) * n_tp + tp_rank[pc[a]]
+        start[gkey[a] + 1] += 1
+    for g in range(n_b):
+        start[g + 1] += start[g]
+    for a in range(npts):  # start[g] moves to the end of bucket g as it fills
+        order[start[gkey[a]]] = a
+        start[gkey[a]] += 1
+    lo = 0
+    for g in range(n_b):
+        hi = start[g]
+        for ia in range(lo, hi):
+            a = order[ia]
+            for ib in range(lo, hi):
+                b = order[ib]
+                if a == b or not keep[a] or tp[pc[a]] != tp[pc[b]] or pbh[a] != pbh[b]:
+                    continue
+                if not cross_type and gpu[pc[a]] != gpu[pc[b]]:
+                    continue
+                if tx[pc[a]] > tx[pc[b]]:  # a's hand-offs would cost more: not safe to drop b
+                    continue
+                step = stride if knot_free[pc[a], pc[b]] else 1
+                if _dominates(tab, length, step, pr, pc, pm, a, b):
+                    keep[b] = False
+        lo = hi
     w = 0
     for a in range(npts):
         if keep[a]:
@@ -224,6 +270,15 @@ def _swap(arr, a, b):
 
 
 @kernel(inline=True, refcount=False)
+def _gather(arr, order, tmp, n):
+    """arr[:n] = arr[order[:n]] through tmp (a buffer of arr's dtype)."""
+    for a in range(n):
+        tmp[a] = arr[order[a]]
+    for a in range(n):
+        arr[a] = tmp[a]
+
+
+@kernel(inline=True, refcount=False)
 def point_minima(pts, o):
     """The per-owner minima the bounds assume for an owner still open."""
     ptot, pr, prho, pbh = pts.total[o], pts.r[o], pts.rho[o], pts.bh[o]
@@ -236,16 +291,25 @@ def point_minima(pts, o):
 
 @kernel(refcount=False)
 def sort_points(pts, o):
-    """Insertion sort by (r, rho, b, sum T, config, n), then the per-owner minima and staircase."""
+    """Sort by (r, rho, b, sum T, config, n), then the per-owner minima and staircase.
+
+    (config, n) names a point, so the key is a strict total order and the sorted order is
+    unique: an insertion sort of indices, then one gather per array (not seven swaps a step)."""
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
-    for a in range(1, pts.count[o]):
+    order, npts, moved = pts.order, pts.count[o], False
+    for a in range(npts):
+        order[a] = a
         j = a
-        while j > 0 and _key_less(pr, prho, pbh, ptot, pc, pn, j, j - 1):
-            for arr in (pr, prho, ptot):
-                _swap(arr, j, j - 1)
-            for arri in (pc, pm, pn, pbh):
-                _swap(arri, j, j - 1)
+        while j > 0 and _key_less(pr, prho, pbh, ptot, pc, pn, a, order[j - 1]):
+            order[j] = order[j - 1]
             j -= 1
+            moved = True
+        order[j] = a
+    if moved:  # points come mostly in key order (one GPU type: often exactly)
+        for arr in (pr, prho, ptot):
+            _gather(arr, order, pts.tmpf, npts)
+        for arri in (pc, pm, pn, pbh):
+            _gather(arri, order, pts.tmpi, npts)
     point_minima(pts, o)
     # staircase: in r order, a point enters when it is faster than every cheaper one
     prof_t, prof_r, w, fastest = pts.prof_t[o], pts.prof_r[o], 0, np.inf
