@@ -5,8 +5,9 @@ policies, workloads (two trace formats) and whole deployments (--ttft: the prefi
 aggregated replay) are planned in one process; after the first request of each kind (a fixed
 context, a workload, a deployment) no numba dispatcher of the package may gain a signature, or a
 new model, `--batches` or GPU set would compile again (and the first-run notice would be untrue).
-Every dispatcher has one signature, so no two requests ever write different entries into one
-cache index (two processes compiling at once could otherwise drop each other's entry). A child
+Every entry Python calls has one signature (every other dispatcher one, or one per objective),
+so no two kinds of request write different entries into one entry's cache index (two processes
+compiling at once could otherwise drop each other's entry). A child
 process with a fresh cache checks the notice: it names exactly what compiles, and a warm run of
 other requests of the same kinds compiles nothing.
 """
@@ -25,8 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACE = str(ROOT / "examples" / "traces" / "mooncake-conversation-sample.jsonl")
 CSV_TRACE = str(ROOT / "examples" / "traces" / "azure-conv-sample.csv")
 SMALL = dict(max_owners=2, max_replicas=1)
-# dispatchers with several signatures by design: (int64 arrays, float64 arrays)
-SEVERAL = {"opweave_planner.search.points._swap": 2}
+# dispatchers with two signatures by design: _swap for int64 and float64 arrays; the simulator's
+# kernels for stage times per stage (a fixed context) and per stage and microbatch (a workload)
+SEVERAL = {"opweave_planner.search.points._swap": 2,
+           **{f"opweave_planner.schedule.kernels.{k}": 2 for k in (
+               "_one_iteration", "_periodic_search", "_work_scale", "rtt_by_cycle_mean", "transition_matrix")}}
 # a llama-style HF config (12 layers: another operator count than any bundled model)
 HF_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
              "num_hidden_layers": 12, "vocab_size": 32000, "num_attention_heads": 32,
@@ -59,8 +63,20 @@ def _plan(model, slo, ctx=None, **kw):
     return api.plan(api.make_request(model, slo, ctx, **{**SMALL, **kw}))
 
 
-def _one_signature_each():
+def _too_many_signatures():
+    """Dispatchers with more signatures than SEVERAL allows them (one, unless listed there); with
+    a warm cache only the loaded entries count any."""
     return {k: n for k, n in _signatures().items() if n > SEVERAL.get(k, 1)}
+
+
+def _entry_signatures():
+    """Signatures of each entry the first-run notice checks (jit.ENTRIES)."""
+    from opweave_planner import jit
+
+    names = {f"opweave_planner.{rel[:-3].replace('/', '.')}.{f}" for part in jit.ENTRIES.values()
+             for rel, fs in part.items() for f in fs}
+    got = _signatures()
+    return {n: got.get(n) for n in sorted(names)}
 
 
 def test_kernels_compile_once_across_different_requests(tmp_path):
@@ -98,7 +114,8 @@ def test_kernels_compile_once_across_different_requests(tmp_path):
     _plan("llama-3.1-8b", "60ms", gpus="h100", workload=CSV_TRACE, ttft="1s", request_rate=3, batches=(4, 16),
           tensor_parallel_sizes=(1, 2))
     assert _grown(with_deployment, _signatures()) == {}
-    assert _one_signature_each() == {}
+    assert _too_many_signatures() == {}
+    assert set(_entry_signatures().values()) == {1}
 
 
 CHILD = r"""
