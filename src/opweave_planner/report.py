@@ -599,7 +599,7 @@ def compile_notice(parts) -> str:
     """The notice naming what will compile (`jit.cold_parts`): the first run of each kind of
     request compiles its own kernels (a fixed context, a workload, the deployment replays)."""
     return (f"compiling numba kernels for the {' and the '.join(parts)} (first run of this kind of request "
-            "only; typically 10-30 s, cached for later runs)")
+            "only; typically 30-60 s, cached for later runs)")
 
 
 def announce_compile(kernels_cached: bool, *, enabled: bool = True, file=None,
