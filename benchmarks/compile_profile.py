@@ -1,6 +1,7 @@
 """Where numba's cold compile of a plan goes: per kernel, signatures, typing, lowering, IR size.
 
 Usage:  python benchmarks/compile_profile.py [--workload] [--top 25]
+        python benchmarks/compile_profile.py --request "model=gemma-3-27b slo=60ms ctx=32k gpus=h100"
         PYTHONPATH=<other checkout>/src python benchmarks/compile_profile.py   # another tree
 
 Plans one request with an empty NUMBA_CACHE_DIR (a temporary folder) and prints, from numba's
@@ -9,7 +10,9 @@ time (lowering includes LLVM; nested compiles are subtracted from typing, where 
 them); and the size of the LLVM IR of each Python entry point's final module with its largest
 functions (a callee's module is linked into every caller, so this is what gets optimised and
 turned into machine code once per entry point). Without --workload the request is the cold-
-compile request of bench_before_after.py (fixed context); with it, its workload request.
+compile request of bench_before_after.py (fixed context); with it, its workload request;
+--request gives any request as PlanRequest field=value pairs (README command 1: "model=gemma-3-27b
+slo=60ms ctx=32k"). The plan's time is printed as wall and as this process's CPU time.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="store_true", help="profile the workload request instead")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--request", help="PlanRequest fields as space-separated field=value pairs")
     a = ap.parse_args(argv)
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp()
     from numba.core import event
@@ -49,14 +53,17 @@ def main(argv=None) -> int:
     from opweave_planner import api
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if a.workload:
+    if a.request:
+        fields = dict(kv.split("=", 1) for kv in a.request.split())
+        req = api.make_request(**fields)
+    elif a.workload:
         req = api.make_request("gemma-3-27b", "60ms", gpus="h100", scale_ctx="32k",
                                workload=os.path.join(root, "examples", "traces", "mooncake-conversation-sample.jsonl"))
     else:
         req = api.make_request("llama-3.1-8b", "60ms", "8k", gpus="h100", policy="colocated", max_gpus=8)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     api.plan(req)
-    print(f"plan with an empty cache: {time.perf_counter() - t0:.2f} s")
+    print(f"plan with an empty cache: {time.perf_counter() - t0:.2f} s wall, {time.process_time() - c0:.2f} s CPU")
     rows, entries = [], []
     sigs = 0
     for obj in gc.get_objects():

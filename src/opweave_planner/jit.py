@@ -31,7 +31,8 @@ written once, in a module that does not import numba).
 
 Reliance on numba internals, stated once: `no_cpython_wrapper` and `no_cfunc_wrapper` are
 undocumented `njit` options, `_nrt` a private one, the cache check below reads numba's cache
-index format, and `_tolerate_stale_index` wraps a dispatcher's private index reader. numba is pinned below 1 (pyproject.toml); a numba that drops an option
+index format, `_tolerate_stale_index` wraps a dispatcher's private index reader and
+`_unliteral_calls` its `get_call_template`. numba is pinned below 1 (pyproject.toml); a numba that drops an option
 fails every kernel at its first compile with a KeyError naming it, and the test
 `test_the_installed_numba_takes_every_option` says so first (docs/architecture.md: how to test
 the newest numba).
@@ -62,6 +63,17 @@ PLAN_KERNELS = ("search/walk.py", "search/points.py", "search/bounds.py", "searc
 
 PACKAGE = Path(__file__).resolve().parent
 
+#: The kernels Python calls for each part of a plan, by module: what a request's first-run notice
+#: checks (`request_cache_is_warm`). Each has exactly one signature (tests/test_compile_once.py),
+#: so a fresh cache index of each means the part compiles nothing; the kernels they call are
+#: linked into them and need no cache of their own.
+ENTRIES = {
+    "fixed-context search": {"search/walk.py": ("_search_fixed",), "search/evaluate.py": ("_detail_fixed",)},
+    "workload search": {"search/walk.py": ("_search_workload",), "search/evaluate.py": ("_detail_workload",)},
+    "prefill replay": {"latency/ttft.py": ("replay",)},
+    "aggregated replay": {"latency/mixed.py": ("replay", "step_times")},
+}
+
 
 def options(kind: str, *, inline: bool = False, refcount: bool = True) -> dict:
     """The njit options of a kernel of `kind` ('entry' or 'kernel')."""
@@ -79,9 +91,28 @@ def _decorator(fn, opts: dict):
     def apply(f):
         import numba
 
-        return _tolerate_stale_index(numba.njit(**opts)(f))
+        return _tolerate_stale_index(_unliteral_calls(numba.njit(**opts)(f)))
 
     return apply if fn is None else apply(fn)
+
+
+def _unliteral_calls(dispatcher):
+    """Compile a kernel called from another kernel for its arguments' plain types. Numba types a
+    constant argument (`f(x, 0)`, a module constant) as a literal and compiled the callee once
+    more per literal value (lower_bound at level 0, the trace scanner's error codes): one more
+    signature per call site, each a whole compile of the callee and its own cache entry. Python
+    callers already get plain types (numba unliterals them); no kernel here dispatches on a
+    literal value."""
+    get = getattr(dispatcher, "get_call_template", None)
+    if get is None:  # NUMBA_DISABLE_JIT: a plain function
+        return dispatcher
+    from numba.core.types import unliteral
+
+    def get_call_template(args, kws):
+        return get(tuple(unliteral(a) for a in args), {k: unliteral(v) for k, v in kws.items()})
+
+    dispatcher.get_call_template = get_call_template
+    return dispatcher
 
 
 def _tolerate_stale_index(dispatcher):
@@ -276,5 +307,12 @@ def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
 
 
 def kernels_cache_is_warm(names: Iterable[str] = PLAN_KERNELS, environ=None) -> bool:
-    """`numba_cache_is_warm` over the plan search's kernel modules."""
+    """`numba_cache_is_warm` over the plan search's kernel modules (some function of each)."""
     return all(numba_cache_is_warm(f, environ) for f in kernel_files(names))
+
+
+def cold_parts(parts: Iterable[str], environ=None) -> list[str]:
+    """The parts (keys of ENTRIES) some of whose entry kernels are not cached: what will compile."""
+    return [part for part in parts
+            if not all(numba_cache_is_warm(PACKAGE / rel, environ, functions=names)
+                       for rel, names in ENTRIES[part].items())]

@@ -601,6 +601,13 @@ COMPILE_NOTICE = ("compiling the numba search kernels (first run only; typically
                   "cached for later runs)")
 
 
+def compile_notice(parts) -> str:
+    """The notice naming what will compile (`jit.cold_parts`): the first run of each kind of
+    request compiles its own kernels (a fixed context, a workload, the deployment replays)."""
+    return (f"compiling numba kernels for the {' and the '.join(parts)} (first run of this kind of request "
+            "only; typically 30-60 s, cached for later runs)")
+
+
 def announce_compile(kernels_cached: bool, *, enabled: bool = True, file=None,
                      what: str = COMPILE_NOTICE) -> bool:
     """One stderr line before numba compiles for the first time; the caller decides (see

@@ -23,6 +23,17 @@ def unmeasured(profiles: str | None, gpus) -> list[str]:
     return [g for g in gpus if g not in have]
 
 
+def compiled_parts(req) -> list[str]:
+    """The parts of `jit.ENTRIES` planning `req` runs: its objective's search, and with --ttft the
+    prefill replay and (unless --deployment-mode disaggregated) the aggregated replay."""
+    parts = ["workload search" if req.stochastic else "fixed-context search"]
+    if req.disaggregated:
+        parts.append("prefill replay")
+        if req.deployment_mode != "disaggregated":
+            parts.append("aggregated replay")
+    return parts
+
+
 def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     from opweave_planner import api, jit, report
     from opweave_planner.atomic import check_writable, write_atomic
@@ -32,7 +43,8 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     if out:
         check_writable(out, "--out")  # before a long search, not after it
     req = api.make_request(**settings)
-    report.announce_compile(jit.kernels_cache_is_warm(), enabled=not quiet)
+    cold = jit.cold_parts(compiled_parts(req))
+    report.announce_compile(not cold, enabled=not quiet, what=report.compile_notice(cold))
     from opweave_planner.search.driver import ETA_AFTER  # the search runs next
 
     start = time.perf_counter()

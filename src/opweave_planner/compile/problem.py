@@ -193,8 +193,10 @@ def _fixed_context(p: Problem) -> dict:
 
 
 def typed_part(part):
-    """`part` with every field at its annotated dtype (arrays C-contiguous)."""
-    return part._make(np.ascontiguousarray(v, kind) if dims is not None else kind(v)
+    """`part` with every field at its annotated dtype, arrays C-contiguous and writable: numba
+    types a read-only array apart, so a read-only field (a workload's cached KV reserve row)
+    made every kernel taking the part compile again for it."""
+    return part._make(np.require(v, kind, ("C", "W")) if dims is not None else kind(v)
                       for (_f, kind, dims), v in zip(SPECS[type(part)], part, strict=True))
 
 

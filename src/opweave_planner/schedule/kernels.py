@@ -179,12 +179,14 @@ def _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteration
     r0 = 3 * K
     n_used = _used_components(owner, mu, n_owners, ibuf)
     x = fbuf[:n_state]
-    hist = fbuf[n_state : n_state * (HISTORY + 1)].reshape((HISTORY, n_state))
+    # the ring of past states: row h at hist[h * n_state :], not a reshape, whose shape check
+    # compiles numba's exception formatting (repr, string concatenation) into every caller
+    hist = fbuf[n_state : n_state * (HISTORY + 1)]
     shift = fbuf[n_state * (HISTORY + 1) : n_state * (HISTORY + 1) + HISTORY]
     tol = REPEAT_RTOL * _work_scale(owner, t, occ, lat, mu)
     for i in range(n_state):
         x[i] = 0.0
-        hist[0, i] = 0.0
+        hist[i] = 0.0
     shift[0] = 0.0
     for r in range(1, max_iterations + 1):
         _one_iteration(owner, t, occ, lat, mu, n_owners, x)
@@ -199,7 +201,7 @@ def _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteration
             same = True
             for u in range(n_used):
                 i = ibuf[u]
-                d = x[i] - hist[prev, i]
+                d = x[i] - hist[prev * n_state + i]
                 if d > tol or d < -tol:
                     same = False
                     break
@@ -210,7 +212,7 @@ def _periodic_search(owner, t, occ, lat, mu, n_owners, fbuf, ibuf, max_iteration
                 return total / c, r, c
         for u in range(n_used):
             i = ibuf[u]
-            hist[slot, i] = x[i]
+            hist[slot * n_state + i] = x[i]
         shift[slot] = off
     return np.nan, max_iterations, 0
 

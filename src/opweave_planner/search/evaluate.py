@@ -357,7 +357,7 @@ class Evaluation(NamedTuple):
         return bool((self.memory_need <= self.memory_usable).all())
 
 
-@entry
+@kernel(inline=True)
 def _detail(p, B, mu, cfg, mb, replicas, fixed, workload):
     """The plan writer's one entry point: the `Evaluation` of one selection, scored as the leaf
     scores it. fixed / workload: the objective's flags, exactly one None (`objective_flags`)."""
@@ -393,6 +393,26 @@ def _detail(p, B, mu, cfg, mb, replicas, fixed, workload):
                       rate=rate)
 
 
+@entry
+def _detail_fixed(p, B, mu, cfg, mb, replicas):
+    """`_detail` of a fixed context: one entry and cache file per objective (walk._search_fixed)."""
+    return _detail(p, B, mu, cfg, mb, replicas, True, None)
+
+
+@entry
+def _detail_workload(p, B, mu, cfg, mb, replicas):
+    """`_detail` of a workload."""
+    return _detail(p, B, mu, cfg, mb, replicas, None, True)
+
+
 def evaluate(p: Problem, sel: Selection) -> Evaluation:
     """Evaluate one Selection exactly as the search leaf scored it."""
-    return _detail(p, sel.batch, sel.mu, sel.cfg, sel.mb, sel.replicas, *objective_flags(p))
+    fixed, _workload = objective_flags(p)
+    run = _detail_fixed if fixed else _detail_workload
+    return run(p, int(sel.batch), int(sel.mu), _ints(sel.cfg), _ints(sel.mb), _ints(sel.replicas))
+
+
+def _ints(a) -> np.ndarray:
+    """int64, C-contiguous and writable: the one array type `_detail` is compiled for (a plan's
+    selection may come from a file, a slice or a read-only view)."""
+    return np.require(a, np.int64, ("C", "W"))

@@ -170,7 +170,7 @@ def _collect(p, ot, B, mu, pts):
     return rho_floor
 
 
-@entry
+@kernel(inline=True)
 def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
     # fixed / workload: the objective's flags from `objective_flags`, exactly one of them None;
     # the None one's branches are dropped at compile time, so each mode compiles only its own kernels
@@ -217,6 +217,20 @@ def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
 
 
 @entry
+def _search_fixed(p, seed_cost, use_pareto, use_bnb):
+    """`_search` of a fixed context. Each objective has its own entry, so each entry has one
+    signature and its own cache file: the first-run notice can tell which objective is cached
+    (jit.PLAN_ENTRIES), and two processes of different objectives never rewrite one index."""
+    return _search(p, seed_cost, use_pareto, use_bnb, True, None)
+
+
+@entry
+def _search_workload(p, seed_cost, use_pareto, use_bnb):
+    """`_search` of a workload (see `_search_fixed`)."""
+    return _search(p, seed_cost, use_pareto, use_bnb, None, True)
+
+
+@entry
 def template_floor_of(p):
     """`template_floor` of a Problem (tests: it never exceeds the template's optimum)."""
     return template_floor(p, owner_tables(p))
@@ -225,7 +239,9 @@ def template_floor_of(p):
 def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,
                     use_bnb: bool = True) -> SearchResult:
     """The cheapest SLO-feasible Selection of one template's Problem over every (B, mu)."""
-    best_f, best_i, counters = _search(p, float(seed_cost), bool(use_pareto), bool(use_bnb), *objective_flags(p))
+    fixed, _workload = objective_flags(p)
+    run = _search_fixed if fixed else _search_workload
+    best_f, best_i, counters = run(p, float(seed_cost), bool(use_pareto), bool(use_bnb))
     k = p.stages.k
     found = bool(np.isfinite(best_f[0]))
     sel = Selection(batch=int(best_i[0]), mu=int(best_i[1]), cfg=best_i[2::3][:k].copy(),
