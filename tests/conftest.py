@@ -124,14 +124,6 @@ def few_arrivals():
         yield n
 
 
-@pytest.fixture(scope="module")
-def few_arrivals_module():
-    """`few_arrivals` for a whole module (its module-scoped plans and the tests that re-simulate
-    them replay the same arrivals): `pytestmark = pytest.mark.usefixtures("few_arrivals_module")`."""
-    with _few_arrivals() as n:
-        yield n
-
-
 @pytest.fixture
 def afd_plan(tmp_path) -> Path:
     path = tmp_path / "afd-plan.json"

@@ -12,9 +12,6 @@ from opweave_planner import api
 from opweave_planner.contract import evaluate_plan, read_plan
 from opweave_planner.plan import plan_bytes
 
-# every plan and re-simulation here replays conftest.FEW_ARRIVALS Poisson arrivals
-pytestmark = pytest.mark.usefixtures("few_arrivals_module")
-
 BASE = dict(model="llama-3.1-8b", slo="60ms", ctx="8k", gpus="h100", policy="colocated", batches="8,16",
             max_owners=1, prompt_len="7k", output_len="1k", ttft="800ms")
 
