@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,30 @@ def assert_one_line_error(ran: Ran, code: int = 2, *needles: str) -> str:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+#: Poisson arrivals a deployment replays under `few_arrivals` (the planner replays
+#: deployment.POISSON_REQUESTS = 20,000): a tenth, still thousands of requests over every replica.
+#: OPWEAVE_TEST_ARRIVALS=20000 runs those tests at the planner's own count.
+FEW_ARRIVALS = int(os.environ.get("OPWEAVE_TEST_ARRIVALS", "2000"))
+
+
+@contextlib.contextmanager
+def _few_arrivals():
+    from opweave_planner import deployment
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(deployment, "POISSON_REQUESTS", FEW_ARRIVALS)
+        yield FEW_ARRIVALS
+
+
+@pytest.fixture
+def few_arrivals():
+    """Deployments in this test replay FEW_ARRIVALS seeded Poisson arrivals, not 20,000: for
+    tests whose checks hold at any arrival count (exit codes, re-plan = re-simulate, the same
+    bytes twice), whose time went to the aggregated replay of each replica count."""
+    with _few_arrivals() as n:
+        yield n
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ def test_deployment_axes_expand_and_name_their_files(matrix):
     assert reqs == {(t, float(r), 90.0) for t in (800.0, 2000.0) for r in (4, 6)}
 
 
-def test_a_matrix_entry_makes_a_whole_deployment_and_a_price_edit_re_simulates_it(matrix, tmp_path):
+def test_a_matrix_entry_makes_a_whole_deployment_and_a_price_edit_re_simulates_it(matrix, tmp_path, few_arrivals):
     out = tmp_path / "plans"
     first = regen(matrix, out)
     assert first.exit_code == 1 and first.count("new") == 4
