@@ -82,8 +82,31 @@ from opweave_planner.regen_matrix import AXES, RegenTask, load_matrix
 
 __all__ = ["AXES", "CACHE_FILE", "MAX_HYSTERESIS", "MAX_OWN_BYTES", "TOPOLOGY_ASPECTS", "EntryResult",
            "FileChange", "RegenJob", "RegenReport", "RegenTask", "check_own_file", "code_hash", "fingerprint",
-           "load_matrix", "parse_fail_on", "parse_hysteresis", "premium_pct", "regen", "run_job", "run_task", "topology_changes",
+           "expected_cost", "heaviest_first", "load_matrix", "parse_fail_on", "parse_hysteresis", "premium_pct", "regen", "run_job", "run_task", "topology_changes",
            "within_hysteresis"]
+
+
+# relative search cost of a policy's templates (opweave: thousands of templates, afd: tens,
+# colocated: one), for the order entries go to worker processes
+_POLICY_WEIGHT = {"opweave": 1000.0, "cad": 100.0, "afd": 10.0, "colocated": 1.0}
+
+
+def expected_cost(task: RegenTask) -> float:
+    """A rough relative cost of planning `task`: its policy's weight times its configurations
+    to the power `search.driver.CONFIG_EXPONENT` (the phase over every GPU type, plus one per
+    type alone when there are several). Only orders the work; no plan depends on it."""
+    from opweave_planner.search.driver import CONFIG_EXPONENT
+
+    req = task.request
+    types, tps = len(req.gpus), len(req.tensor_parallel_sizes)
+    work = (types * tps) ** CONFIG_EXPONENT + (types * tps ** CONFIG_EXPONENT if types > 1 else 0.0)
+    return _POLICY_WEIGHT.get(str(req.policy), 1000.0) * work
+
+
+def heaviest_first(tasks: list[RegenTask]) -> list[int]:
+    """Indices of `tasks` by expected cost, largest first (ties: matrix order): on worker
+    processes the long entries start first, so none is left running alone at the end."""
+    return sorted(range(len(tasks)), key=lambda i: (-expected_cost(tasks[i]), i))
 
 
 def run_task(task: RegenTask) -> bytes:
@@ -537,6 +560,8 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
         if log:
             log(_entry_line(len(changes), len(tasks), change, value))
 
+    if jobs > 1 or ray:  # in one process the matrix order is the log's order, and costs nothing
+        todo = [todo[i] for i in heaviest_first([tasks[i] for i in todo])]
     run = [tasks[i] for i in todo]
     try:
         if hysteresis > 0:
