@@ -5,7 +5,7 @@
 Each command runs as a whole process with stderr a pipe (not a terminal, so the progress
 prints its plain lines: every 5 s or each 10 % of the total). Every stderr line is stamped as
 it arrives; a line with an ETA is compared with the time left until the phase's final line
-("... done in ..."). Printed per command: the first ETA line's ETA, the real time left then,
+("... done in ..."; for regen, its last entry line "[270/270] ..."). Printed per command: the first ETA line's ETA, the real time left then,
 their ratio (goal: within 2x, i.e. 0.5-2.0), and the range of the ratio over every ETA line.
 Wall clock on purpose (an ETA is wall time); on a shared machine the load changes under a
 run, which moves the ratio: say so when quoting it.
@@ -61,6 +61,8 @@ def stamped_stderr(tree: Path, args: tuple[str, ...]) -> list[tuple[float, str]]
 def ratios(lines: list[tuple[float, str]]) -> tuple[list[tuple[float, float, float]], float | None]:
     """[(time, ETA, real time left)] of every ETA line before the final line, and its time."""
     end = next((t for t, ln in lines if DONE.search(ln)), None)
+    if end is None:  # regen: its last entry line
+        end = next((t for t, ln in reversed(lines) if re.match(r"\[(\d+)/\1\] ", ln)), None)
     out = []
     for t, ln in lines:
         m = ETA.search(ln)

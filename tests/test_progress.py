@@ -274,3 +274,22 @@ def test_the_bar_shows_the_same_eta_as_the_lines():
         clock.t += 10.0
         p(21, 100)
         assert p._bar.tasks[0].fields["eta"] == "39.5 s" == f"{p.eta_seconds():.1f} s"
+
+
+def test_rate_eta_counts_from_the_first_report_in_any_units():
+    """regen's entry lines use it in expected-cost units: a first entry after 30 s of worker
+    start-up, then 10 units a second."""
+    from opweave_planner.report import RateEta
+
+    clock = Clock()
+    eta = RateEta(0.05, clock)
+    assert eta.seconds() is None
+    clock.t += 30.0
+    eta.update(100.0, 1000.0)
+    assert eta.seconds() is None  # one report: no rate
+    clock.t += 1.0
+    eta.update(110.0, 1000.0)
+    assert eta.seconds() is None  # 1 % moved, under eta_after
+    clock.t += 9.0
+    eta.update(200.0, 1000.0)
+    assert eta.seconds() == pytest.approx(80.0)  # 800 units at 10 per second; since the start: 2x

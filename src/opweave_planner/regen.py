@@ -88,6 +88,7 @@ __all__ = ["AXES", "CACHE_FILE", "MAX_HYSTERESIS", "MAX_OWN_BYTES", "TOPOLOGY_AS
 
 # relative search cost of a policy's templates (opweave: thousands of templates, afd: tens,
 # colocated: one), for the order entries go to worker processes
+REGEN_ETA_AFTER = 0.05  # the share of the expected work done before an entry line shows an ETA
 _POLICY_WEIGHT = {"opweave": 1000.0, "cad": 100.0, "afd": 10.0, "colocated": 1.0}
 
 
@@ -515,6 +516,13 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
         else:
             todo.append(i)
 
+    from opweave_planner.report import RateEta, format_duration
+
+    # the ETA on each planned entry's line: the rate since the first one finished, in
+    # `expected_cost` units (an opweave entry weighs a thousand colocated ones)
+    weight = {i: expected_cost(tasks[i]) for i in todo}
+    left, left_done, total_weight = RateEta(REGEN_ETA_AFTER), [0.0], sum(weight.values())
+
     def finished(res) -> None:
         index = todo[res.index]
         task = tasks[index]
@@ -558,7 +566,11 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
             cache[task.name] = {"fingerprint": prints[task.name], "sha256": hashlib.sha256(value).hexdigest(),
                                 "kept": change.kept, "premium_pct": change.premium_pct, "note": change.note}
         if log:
-            log(_entry_line(len(changes), len(tasks), change, value))
+            left_done[0] += weight[index]
+            left.update(left_done[0], total_weight)
+            eta = left.seconds() if len(changes) < len(tasks) else None
+            log(_entry_line(len(changes), len(tasks), change, value)
+                + ("" if eta is None else f"; ETA {format_duration(eta)}"))
 
     if jobs > 1 or ray:  # in one process the matrix order is the log's order, and costs nothing
         todo = [todo[i] for i in heaviest_first([tasks[i] for i in todo])]

@@ -446,6 +446,34 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+class RateEta:
+    """Time left at the rate of progress since the first report, not since the start: what
+    ran before it (compiling, the first template's cache loading, the first entry's worker
+    start) is setup, not a sample of the rate. None until `eta_after` of the total has moved
+    since the first report."""
+
+    def __init__(self, eta_after: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.eta_after, self._clock = eta_after, clock
+        self.done, self.total = 0.0, None
+        self._first: tuple[float, float] | None = None
+
+    def update(self, done: float, total: float | None = None) -> None:
+        self.done = done
+        if total is not None:
+            self.total = total
+        if self._first is None:
+            self._first = (self._clock(), done)
+
+    def seconds(self) -> float | None:
+        if not self.total or self._first is None:
+            return None
+        t0, d0 = self._first
+        moved = self.done - d0
+        if moved <= 0 or moved < self.eta_after * self.total:
+            return None
+        return (self._clock() - t0) * max(self.total - self.done, 0) / moved
+
+
 class Progress:
     """Progress of one long phase on stderr: a rich bar on a terminal, plain lines otherwise.
 
@@ -453,10 +481,9 @@ class Progress:
     each ``step`` of the total, whichever comes first, and always a final line (also on a
     terminal, where the bar is transient). Usable as the ``progress(done, total)``
     callback itself: ``with Progress("templates") as p: api.plan(req, progress=p)``.
-    The ETA is the rate of progress since the first report, not since the start: what ran
-    before it (compiling the request, the first template's cache loading) is setup, not a
-    sample of the rate. ``eta_after``: no ETA (plain: "ETA estimating"; the bar: "-:--:--")
-    until this share of the total is done after the first report (`search.driver.ETA_AFTER`).
+    The ETA is `RateEta`'s, the rate since the first report; ``eta_after``: no ETA (plain:
+    "ETA estimating"; the bar: "-:--:--") until this share of the total is done after the first
+    report (`search.driver.ETA_AFTER`).
     """
 
     def __init__(self, phase: str, total: int | None = None, *, enabled: bool = True,
@@ -477,7 +504,7 @@ class Progress:
         self._task = None
         self._start = self._last = 0.0
         self._next_fraction = step
-        self._first: tuple[float, int] | None = None  # (time, done) of the first report
+        self._eta = RateEta(eta_after, clock)
 
     # -- plumbing -------------------------------------------------------------
     @property
@@ -538,8 +565,7 @@ class Progress:
             self.done = done
             if total is not None:
                 self.total = total
-            if self._first is None:
-                self._first = (now, done)
+            self._eta.update(done, self.total)
             if not self.enabled:
                 return
             if self._bar is not None:
@@ -576,13 +602,7 @@ class Progress:
     def eta_seconds(self) -> float | None:
         """Seconds left at the rate since the first report; None before `eta_after` of the
         total is done after it (or with no total)."""
-        if not self.total or self._first is None:
-            return None
-        t0, d0 = self._first
-        moved = self.done - d0
-        if moved <= 0 or moved < self.eta_after * self.total:
-            return None
-        return (self._clock() - t0) * max(self.total - self.done, 0) / moved
+        return self._eta.seconds()
 
     def eta_shown(self) -> bool:
         """Whether an ETA is shown yet (`eta_seconds`)."""
