@@ -86,22 +86,25 @@ __all__ = ["AXES", "CACHE_FILE", "MAX_HYSTERESIS", "MAX_OWN_BYTES", "TOPOLOGY_AS
            "within_hysteresis"]
 
 
-# relative search cost of a policy's templates (opweave: thousands of templates, afd: tens,
-# colocated: one), for the order entries go to worker processes
 REGEN_ETA_AFTER = 0.05  # the share of the expected work done before an entry line shows an ETA
-_POLICY_WEIGHT = {"opweave": 1000.0, "cad": 100.0, "afd": 10.0, "colocated": 1.0}
+# an entry's search cost beside its fixed part (compiling the request, building the plan: about
+# 0.3 s), per GPU type of four TP sizes: an opweave entry on one type takes about 10x a
+# colocated one. The first weights (1000 for opweave, 1 for colocated, no fixed part) put the
+# first regen ETA at 0.04x the real time left (benchmarks/bench_eta.py --only regen)
+_POLICY_WEIGHT = {"opweave": 10.0, "cad": 3.0, "afd": 1.0, "colocated": 0.1}
 
 
 def expected_cost(task: RegenTask) -> float:
-    """A rough relative cost of planning `task`: its policy's weight times its configurations
-    to the power `search.driver.CONFIG_EXPONENT` (the phase over every GPU type, plus one per
-    type alone when there are several). Only orders the work; no plan depends on it."""
+    """A rough relative cost of planning `task`: a fixed 1 plus its policy's weight times its
+    configurations to the power `search.driver.CONFIG_EXPONENT` (the phase over every GPU type,
+    plus one per type alone when there are several), 1 for one type of four TP sizes. Orders
+    the work and scales regen's ETA; no plan depends on it."""
     from opweave_planner.search.driver import CONFIG_EXPONENT
 
     req = task.request
     types, tps = len(req.gpus), len(req.tensor_parallel_sizes)
     work = (types * tps) ** CONFIG_EXPONENT + (types * tps ** CONFIG_EXPONENT if types > 1 else 0.0)
-    return _POLICY_WEIGHT.get(str(req.policy), 1000.0) * work
+    return 1.0 + _POLICY_WEIGHT.get(str(req.policy), 10.0) * work / 4 ** CONFIG_EXPONENT
 
 
 def heaviest_first(tasks: list[RegenTask]) -> list[int]:
