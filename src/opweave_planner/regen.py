@@ -521,10 +521,12 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
 
     from opweave_planner.report import RateEta, format_duration
 
-    # the ETA on each planned entry's line: the rate since the first one finished, in
-    # `expected_cost` units (an opweave entry weighs a thousand colocated ones)
+    # the ETA on each planned entry's line, in `expected_cost` units, at the rate since the
+    # workers started: entries run side by side, so the rate since the first one finished
+    # would count its neighbour's work as done in no time (it read 0.05x the time left)
     weight = {i: expected_cost(tasks[i]) for i in todo}
     left, left_done, total_weight = RateEta(REGEN_ETA_AFTER), [0.0], sum(weight.values())
+    left.update(0.0, total_weight)
 
     def finished(res) -> None:
         index = todo[res.index]

@@ -448,9 +448,9 @@ def format_duration(seconds: float) -> str:
 
 class RateEta:
     """Time left at the rate of progress since the first report, not since the start: what
-    ran before it (compiling, the first template's cache loading, the first entry's worker
-    start) is setup, not a sample of the rate. None until `eta_after` of the total has moved
-    since the first report."""
+    ran before it (compiling, the first template's cache loading) is setup, not a sample of
+    the rate (regen, whose entries run side by side, reports 0 at its start instead). None
+    until `eta_after` of the total has moved since the first report."""
 
     def __init__(self, eta_after: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.eta_after, self._clock = eta_after, clock
