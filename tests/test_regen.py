@@ -226,3 +226,20 @@ def test_ray_executor_retries_and_keeps_successes(local_ray, tmp_path):
     assert not res[1].ok and "permanent failure" in res[1].error
     assert res[2].ok and res[2].value == 6
     assert res[3].ok and res[3].value == 8  # lost worker, retried by Ray
+
+
+def test_workers_get_the_heaviest_entries_first(matrix):
+    """With several workers the opweave search over two GPU types starts first and the
+    one-template colocated entries last, so no long entry runs alone at the end; the order
+    is a permutation (every entry once) and ties keep the matrix order."""
+    from opweave_planner.regen import expected_cost, heaviest_first
+
+    tasks = load_matrix(matrix)
+    order = [tasks[i] for i in heaviest_first(tasks)]
+    assert sorted(t.name for t in order) == sorted(t.name for t in tasks)
+    assert str(order[0].request.policy) == "opweave" and len(order[0].request.gpus) == 2
+    assert all(str(t.request.policy) == "colocated" for t in order[-2:])
+    costs = [expected_cost(t) for t in order]
+    assert costs == sorted(costs, reverse=True)
+    same = [t.name for t in order if expected_cost(t) == expected_cost(order[-1])]
+    assert same == [t.name for t in tasks if t.name in same]  # ties: matrix order

@@ -83,6 +83,33 @@ def test_an_slo_bound_plan_names_the_slo_that_would_allow_the_next_batch_and_its
     assert again.usd_per_million_tokens == pytest.approx(b.next_usd_per_million_tokens, rel=1e-9)
 
 
+def test_a_one_stage_plan_names_the_next_integer_batch_not_the_next_grid_point():
+    """Its search is exact over every integer batch (the caps), so what binds is judged at
+    B + 1, the --max-num-seqs a user would try next; it read the grid point 64 before."""
+    grid = (8, 16, 32, 64)
+    slo = _plan(1000, "8k", batches=(48,), max_replicas=1, batch_caps=False).plan.tpot_ms * 0.9999
+    out = _plan(slo, "8k", batches=grid, max_replicas=1)
+    plan, b = out.plan, out.plan.binding
+    assert 32 < plan.global_batch < 64 and out.binding == Binding.SLO
+    assert b.next_batch == plan.global_batch + 1
+    # B + 1 alone, searched without caps: the same shape, the TPOT the binding names, over the SLO
+    at = _plan(1000, "8k", batches=(b.next_batch,), max_replicas=1, batch_caps=False).plan
+    assert at.tpot_ms == pytest.approx(b.next_tpot_ms, rel=1e-6) and at.tpot_ms > slo
+    assert at.usd_per_million_tokens == pytest.approx(b.next_usd_per_million_tokens, rel=1e-6)
+    assert f"binds: the SLO: B={plan.global_batch + 1} with this shape" in binding_line(plan)
+
+
+def test_next_batch_steps_by_the_shapes_split_on_every_integer_or_on_the_grid():
+    from opweave_planner.plan.binding import next_batch
+
+    grid = (8, 16, 32, 64)
+    assert next_batch(grid, 40, [1], every_integer=True) == 41
+    assert next_batch(grid, 40, [2, 3], every_integer=True) == 42  # mu x replicas of each owner divide it
+    assert next_batch(grid, 63, [2], every_integer=True) == 64
+    assert next_batch(grid, 64, [1], every_integer=True) is None  # past the grid's largest: "batches"
+    assert next_batch(grid, 40, [1]) == 64 and next_batch(grid, 16, [3]) is None  # multi-stage: the grid
+
+
 def test_the_summary_carries_the_binding_line_and_a_legend_of_its_terms():
     plan = _plan(60, "32k", batches=(4, 8, 12, 16), max_replicas=2).plan
     lines = summary_lines(plan)

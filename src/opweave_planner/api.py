@@ -193,9 +193,9 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:
 
     `progress(done, total)`, if given, is called after each batch of templates: `done` is the
     work done so far as template-equivalents of the estimated work, non-decreasing, and `total`
-    is always given (the template count; the last call has done == total). An ETA from the
-    first `search.driver.ETA_AFTER` (20 %) of it reads high; `report.Progress(eta_after=...)`
-    withholds it there.
+    is always given (the template count; the last call has done == total). The first call
+    comes after the colocated template (which carries cache loading): `report.Progress`'s ETA
+    is the rate since that call, shown once `search.driver.ETA_AFTER` (5 %) moved after it.
     """
     from opweave_planner.compile import compile_request
     from opweave_planner.inputs.request import Policy

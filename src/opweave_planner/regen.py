@@ -82,8 +82,35 @@ from opweave_planner.regen_matrix import AXES, RegenTask, load_matrix
 
 __all__ = ["AXES", "CACHE_FILE", "MAX_HYSTERESIS", "MAX_OWN_BYTES", "TOPOLOGY_ASPECTS", "EntryResult",
            "FileChange", "RegenJob", "RegenReport", "RegenTask", "check_own_file", "code_hash", "fingerprint",
-           "load_matrix", "parse_fail_on", "parse_hysteresis", "premium_pct", "regen", "run_job", "run_task", "topology_changes",
+           "expected_cost", "heaviest_first", "load_matrix", "parse_fail_on", "parse_hysteresis", "premium_pct", "regen", "run_job", "run_task", "topology_changes",
            "within_hysteresis"]
+
+
+REGEN_ETA_AFTER = 0.05  # the share of the expected work done before an entry line shows an ETA
+# an entry's search cost beside its fixed part (compiling the request, building the plan: about
+# 0.3 s), per GPU type of four TP sizes: an opweave entry on one type takes about 10x a
+# colocated one. The first weights (1000 for opweave, 1 for colocated, no fixed part) put the
+# first regen ETA at 0.04x the real time left (benchmarks/bench_eta.py --only regen)
+_POLICY_WEIGHT = {"opweave": 10.0, "cad": 3.0, "afd": 1.0, "colocated": 0.1}
+
+
+def expected_cost(task: RegenTask) -> float:
+    """A rough relative cost of planning `task`: a fixed 1 plus its policy's weight times its
+    configurations to the power `search.driver.CONFIG_EXPONENT` (the phase over every GPU type,
+    plus one per type alone when there are several), 1 for one type of four TP sizes. Orders
+    the work and scales regen's ETA; no plan depends on it."""
+    from opweave_planner.search.driver import CONFIG_EXPONENT
+
+    req = task.request
+    types, tps = len(req.gpus), len(req.tensor_parallel_sizes)
+    work = (types * tps) ** CONFIG_EXPONENT + (types * tps ** CONFIG_EXPONENT if types > 1 else 0.0)
+    return 1.0 + _POLICY_WEIGHT.get(str(req.policy), 10.0) * work / 4 ** CONFIG_EXPONENT
+
+
+def heaviest_first(tasks: list[RegenTask]) -> list[int]:
+    """Indices of `tasks` by expected cost, largest first (ties: matrix order): on worker
+    processes the long entries start first, so none is left running alone at the end."""
+    return sorted(range(len(tasks)), key=lambda i: (-expected_cost(tasks[i]), i))
 
 
 def run_task(task: RegenTask) -> bytes:
@@ -492,6 +519,15 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
         else:
             todo.append(i)
 
+    from opweave_planner.report import RateEta, format_duration
+
+    # the ETA on each planned entry's line, in `expected_cost` units, at the rate since the
+    # workers started: entries run side by side, so the rate since the first one finished
+    # would count its neighbour's work as done in no time (it read 0.05x the time left)
+    weight = {i: expected_cost(tasks[i]) for i in todo}
+    left, left_done, total_weight = RateEta(REGEN_ETA_AFTER), [0.0], sum(weight.values())
+    left.update(0.0, total_weight)
+
     def finished(res) -> None:
         index = todo[res.index]
         task = tasks[index]
@@ -535,8 +571,14 @@ def regen(matrix: str | Path, out: str | Path, jobs: int = 1, ray: str | None = 
             cache[task.name] = {"fingerprint": prints[task.name], "sha256": hashlib.sha256(value).hexdigest(),
                                 "kept": change.kept, "premium_pct": change.premium_pct, "note": change.note}
         if log:
-            log(_entry_line(len(changes), len(tasks), change, value))
+            left_done[0] += weight[index]
+            left.update(left_done[0], total_weight)
+            eta = left.seconds() if len(changes) < len(tasks) else None
+            log(_entry_line(len(changes), len(tasks), change, value)
+                + ("" if eta is None else f"; ETA {format_duration(eta)}"))
 
+    if jobs > 1 or ray:  # in one process the matrix order is the log's order, and costs nothing
+        todo = [todo[i] for i in heaviest_first([tasks[i] for i in todo])]
     run = [tasks[i] for i in todo]
     try:
         if hysteresis > 0:

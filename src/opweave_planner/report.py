@@ -452,6 +452,34 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+class RateEta:
+    """Time left at the rate of progress since the first report, not since the start: what
+    ran before it (compiling, the first template's cache loading) is setup, not a sample of
+    the rate (regen, whose entries run side by side, reports 0 at its start instead). None
+    until `eta_after` of the total has moved since the first report."""
+
+    def __init__(self, eta_after: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.eta_after, self._clock = eta_after, clock
+        self.done, self.total = 0.0, None
+        self._first: tuple[float, float] | None = None
+
+    def update(self, done: float, total: float | None = None) -> None:
+        self.done = done
+        if total is not None:
+            self.total = total
+        if self._first is None:
+            self._first = (self._clock(), done)
+
+    def seconds(self) -> float | None:
+        if not self.total or self._first is None:
+            return None
+        t0, d0 = self._first
+        moved = self.done - d0
+        if moved <= 0 or moved < self.eta_after * self.total:
+            return None
+        return (self._clock() - t0) * max(self.total - self.done, 0) / moved
+
+
 class Progress:
     """Progress of one long phase on stderr: a rich bar on a terminal, plain lines otherwise.
 
@@ -459,9 +487,9 @@ class Progress:
     each ``step`` of the total, whichever comes first, and always a final line (also on a
     terminal, where the bar is transient). Usable as the ``progress(done, total)``
     callback itself: ``with Progress("templates") as p: api.plan(req, progress=p)``.
-    ``eta_after``: no ETA (plain: "ETA estimating"; the bar: no total yet) before this share
-    of the total is done, where the caller knows early rates mislead (the search: its first
-    templates carry cache loading, `search.driver.ETA_AFTER`).
+    The ETA is `RateEta`'s, the rate since the first report; ``eta_after``: no ETA (plain:
+    "ETA estimating"; the bar: "-:--:--") until this share of the total is done after the first
+    report (`search.driver.ETA_AFTER`).
     """
 
     def __init__(self, phase: str, total: int | None = None, *, enabled: bool = True,
@@ -482,6 +510,7 @@ class Progress:
         self._task = None
         self._start = self._last = 0.0
         self._next_fraction = step
+        self._eta = RateEta(eta_after, clock)
 
     # -- plumbing -------------------------------------------------------------
     @property
@@ -513,15 +542,15 @@ class Progress:
                 MofNCompleteColumn,
                 TextColumn,
                 TimeElapsedColumn,
-                TimeRemainingColumn,
             )
             from rich.progress import Progress as Bar
 
+            # the ETA column is ours (`eta_seconds`): rich's own rate counts the setup time
             self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), TimeRemainingColumn(), transient=True,
+                            TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"), transient=True,
                             console=console(stderr=self._file is None, file=self._file))
             self._bar.start()
-            self._task = self._bar.add_task(self.phase, total=self.total)
+            self._task = self._bar.add_task(self.phase, total=self.total, eta="-:--:--")
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -538,15 +567,18 @@ class Progress:
     def update(self, done: int, total: int | None = None) -> None:
         """Absolute progress (matches api.plan's ``progress(done, total)`` callback)."""
         with self._lock:
+            now = self._clock()
             self.done = done
             if total is not None:
                 self.total = total
+            self._eta.update(done, self.total)
             if not self.enabled:
                 return
             if self._bar is not None:
-                self._bar.update(self._task, completed=done, total=self.total if self.eta_shown() else None)
+                eta = self.eta_seconds()
+                self._bar.update(self._task, completed=done, total=self.total,
+                                 eta="-:--:--" if eta is None else format_duration(eta))
                 return
-            now = self._clock()
             frac = done / self.total if self.total else None
             due = now - self._last >= self.interval_s
             if frac is not None and frac >= self._next_fraction and frac < 1.0:
@@ -573,17 +605,22 @@ class Progress:
                 self._write(line)
 
     # -- text ----------------------------------------------------------------------
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the rate since the first report; None before `eta_after` of the
+        total is done after it (or with no total)."""
+        return self._eta.seconds()
+
     def eta_shown(self) -> bool:
-        """Whether enough of the total is done for an ETA (`eta_after`)."""
-        return bool(self.total) and self.done >= self.eta_after * self.total
+        """Whether an ETA is shown yet (`eta_seconds`)."""
+        return self.eta_seconds() is not None
 
     def status_line(self) -> str:
         el = self.elapsed()
         if not self.total:
             return f"{self.phase}: {self.done:,} done, elapsed {format_duration(el)}"
         frac = self.done / self.total
-        eta = ("estimating" if not self.eta_shown() else
-               format_duration(el * (self.total - self.done) / self.done) if self.done else "unknown")
+        eta = self.eta_seconds()
+        eta = "estimating" if eta is None else format_duration(eta)
         return (f"{self.phase}: {self.done:,}/{self.total:,} ({frac:.0%}), elapsed {format_duration(el)}, "
                 f"ETA {eta}")
 

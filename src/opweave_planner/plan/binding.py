@@ -1,10 +1,17 @@
 """What binds a feasible plan's batch: why the search stopped at B and not at the next batch.
 
 The optimum's shape (template, GPU configurations, mu, replicas) is scored at the next batch
-of the request's batch set it can split (B' divisible by mu x replicas of every owner), by the
-search's own evaluator: memory that does not fit there, a TPOT over the SLO there, or a plan
-that fits and is simply dearer. When memory binds, one search of the same template at B' says
-what relieving it costs (more replicas), and whether the GPU or node cap forbids that.
+B' it can split (divisible by mu x replicas of every owner) that the search could have chosen,
+by the search's own evaluator: memory that does not fit there, a TPOT over the SLO there, or a
+plan that fits and is simply dearer. When memory binds, one search of the same template at B'
+says what relieving it costs (more replicas), and whether the GPU or node cap forbids that.
+
+Which B' is next follows what the search covers. A one-stage plan's search is exact over every
+integer batch up to the grid's largest (its batch caps, docs/search.md#batches), so B' is the
+next multiple of mu x replicas above B (B + 1 for one replica and one microbatch: the
+--max-num-seqs a user would try next), not the next grid point, which can be far above a cap
+(B = 228 from the SLO cap read "B=240"). Other templates search the grid, so B' is its next
+point they can split. A B' off the tables is scored on tables built for B' alone.
 """
 
 from __future__ import annotations
@@ -21,10 +28,28 @@ __all__ = ["binding_of", "next_batch"]
 GIB = 2**30
 
 
-def next_batch(batches, batch: int, splits) -> int | None:
-    """The smallest searched batch above `batch` that every owner's mu x replicas divides."""
+def next_batch(batches, batch: int, splits, every_integer: bool = False) -> int | None:
+    """The smallest batch above `batch` that every owner's mu x replicas divides: among the
+    searched `batches`, or (`every_integer`, a one-stage plan) any integer up to their largest."""
+    if every_integer:
+        step = math.lcm(*(int(s) for s in splits))
+        nxt = (batch // step + 1) * step
+        return nxt if nxt <= max(int(b) for b in batches) else None
     above = sorted(int(b) for b in batches if int(b) > batch and all(int(b) % s == 0 for s in splits))
     return above[0] if above else None
+
+
+def _at_batch(ctx, batch: int):
+    """`ctx` if its tables hold every microbatch of `batch`, else the request compiled for that
+    batch alone (no caps): the same configurations, in the same order, on tables of B' only."""
+    from opweave_planner.compile import compile_request
+    from opweave_planner.compile.space import microbatch_grid
+
+    req = ctx.request
+    have = set(int(b) for b in ctx.tables.grid.mb_grid)
+    if set(microbatch_grid(req, (batch,))) <= have:
+        return ctx
+    return compile_request(req.model_copy(update={"batches": (batch,), "batch_caps": False}), hw=ctx.hw)
 
 
 def _usd(cost: float) -> float:
@@ -54,9 +79,11 @@ def binding_of(ctx, template, sel, ev) -> BindingOut:
 
     req = ctx.request
     splits = [sel.mu * int(r) for r in sel.replicas]
-    nxt = next_batch(ctx.tables.grid.batches, sel.batch, splits)
+    one_stage = ctx.stage_plan(template).n_stages == 1
+    nxt = next_batch(ctx.tables.grid.batches, sel.batch, splits, every_integer=one_stage)
     if nxt is None:
         return BindingOut(constraint=Binding.BATCHES.value)
+    ctx = _at_batch(ctx, nxt)
     grid = ctx.tables.grid
     mb = np.array([grid.mb_index[nxt // s] for s in splits], np.int64)
     at = Selection(batch=nxt, mu=sel.mu, cfg=sel.cfg, replicas=sel.replicas, mb=mb)

@@ -105,26 +105,26 @@ def _single_type(ctx: Compiled, cand: Candidate) -> bool:
 
 
 # work estimate of one template: its owners' point tables are built per configuration at
-# every (B, mu), so configs x owners, plus a fixed part (expanding the template). Measured
-# (gemma-3-27b, 32k, after the coupled bound): 0.36 / 0.65 ms per 2- / 3-owner template over 4
-# configs, 2.1 / 3.1 ms over 16
-TEMPLATE_OVERHEAD = 2.0
-# no ETA before this share of the estimated work is done (gemma-3-27b at 32k: at 5 % it read
-# 2.5-3.8x the real remaining time, at 20 % 2.0-2.3x, an overestimate): the first templates carry cache
-# loading (or compilation) and the cheap colocated/two-owner phases
-ETA_AFTER = 0.2
+# every (B, mu) and joined across owners, so about owners x configs^1.25. Fitted on
+# gemma-3-27b at 32k (2-core box, median ms per template): 4 configs 0.20 / 0.31 ms for 2 / 3
+# owners, 16 configs 1.1 / 1.8 ms, i.e. 17-19 us per unit in all four; the previous 2 + configs x
+# owners read the 16-config phase 1.7x too cheap
+CONFIG_EXPONENT = 1.25
+# no ETA before this share of the estimated work is done after the first report (the colocated
+# template, which carries cache loading); from there the rate of work is measured, not guessed
+ETA_AFTER = 0.05
 
 
 def template_work(n_configs: int, owners: int) -> float:
     """Estimated cost of searching one template whose owners choose among n_configs."""
-    return TEMPLATE_OVERHEAD + float(n_configs * owners)
+    return float(owners) * float(n_configs) ** CONFIG_EXPONENT
 
 
 def progress_report(done_work: float, total_work: float, templates: int) -> tuple[int, int]:
     """What `progress(done, total)` is told: the work done as template-equivalents of the
     estimated work (so an ETA from it scales with work, not with template count) and the total,
-    always the template count. An ETA read before ETA_AFTER of the total is unreliable; the
-    display withholds it (`report.Progress(eta_after=ETA_AFTER)`), the callback is not starved."""
+    always the template count. The display's ETA is the rate since the first report, once
+    ETA_AFTER of the total is done after it (`report.Progress(eta_after=ETA_AFTER)`)."""
     if total_work <= 0.0:
         return templates, templates
     return min(templates, round(templates * done_work / total_work)), templates
