@@ -624,3 +624,16 @@ def test_an_alternative_that_cannot_be_sized_is_an_error_not_one_copy(tmp_path):
     ran = run_cli("export", plan, "--to", "vllm", "--out", tmp_path / "o", "--alternative", "colocated")
     assert_one_line_error(ran, 2, "--alternative colocated", "8192 tokens/s", "does not fit")
     assert not (tmp_path / "o").exists()
+
+
+def test_an_alternative_with_an_out_of_range_network_is_one_line(tmp_path):
+    """simulate re-evaluates each alternative from its own recorded figures, so they are checked
+    like the plan's (a fuzzed 1e308 GB/s in an alternative's network was an internal error)."""
+    doc = orjson.loads((GOLDEN / "llama-3.1-8b_opweave_azure-truncate2k_h100+a100_v1.8.json").read_bytes())
+    name, alt = next(iter(doc["alternatives"].items()))
+    alt["plan"]["provenance"]["network"]["inter_node_gbps"] = 1e308
+    path = tmp_path / "plan.json"
+    path.write_bytes(orjson.dumps(doc))
+    ran = run_cli("simulate", path, "--out", tmp_path / "again.json")
+    assert_one_line_error(ran, 2, f"alternatives.{name}.plan", "inter_node_gbps")
+    assert not (tmp_path / "again.json").exists()

@@ -115,6 +115,8 @@ def parse_plan(obj: Any, where: str) -> Plan | Infeasible:
                         f"{SCHEMA_MAJOR}.{distribution_minor(dist)}, the file says {doc.schema_version}")
     if isinstance(doc, Plan):
         check_internal(doc, where)
+        for name, alt in (doc.alternatives or {}).items():  # simulate re-evaluates each from its own figures
+            check_internal(alt.plan, f"{where}: alternatives.{name}.plan")
     check_recorded_request(doc, where)
     return doc
 
