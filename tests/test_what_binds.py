@@ -98,6 +98,10 @@ def test_a_one_stage_plan_names_the_next_integer_batch_not_the_next_grid_point()
     assert at.usd_per_million_tokens == pytest.approx(b.next_usd_per_million_tokens, rel=1e-6)
     assert f"binds: the SLO: B={plan.global_batch + 1} with this shape" in binding_line(plan)
 
+    # without the caps the search covers the grid only, so the next batch it could choose is 64
+    grid_only = _plan(slo, "8k", batches=grid, max_replicas=1, batch_caps=False).plan
+    assert grid_only.global_batch == 32 and grid_only.binding.next_batch == 64
+
 
 def test_next_batch_steps_by_the_shapes_split_on_every_integer_or_on_the_grid():
     from opweave_planner.plan.binding import next_batch

@@ -7,7 +7,7 @@ plan that fits and is simply dearer. When memory binds, one search of the same t
 says what relieving it costs (more replicas), and whether the GPU or node cap forbids that.
 
 Which B' is next follows what the search covers. A one-stage plan's search is exact over every
-integer batch up to the grid's largest (its batch caps, docs/search.md#batches), so B' is the
+integer batch up to the grid's largest at a fixed context with the batch caps on (docs/search.md#batches), so B' is the
 next multiple of mu x replicas above B (B + 1 for one replica and one microbatch: the
 --max-num-seqs a user would try next), not the next grid point, which can be far above a cap
 (B = 228 from the SLO cap read "B=240"). Other templates search the grid, so B' is its next
@@ -79,8 +79,10 @@ def binding_of(ctx, template, sel, ev) -> BindingOut:
 
     req = ctx.request
     splits = [sel.mu * int(r) for r in sel.replicas]
-    one_stage = ctx.stage_plan(template).n_stages == 1
-    nxt = next_batch(ctx.tables.grid.batches, sel.batch, splits, every_integer=one_stage)
+    # every integer batch is covered only where the caps prove it: one stage, caps on, a fixed
+    # context (under a workload the SLO caps are not built, so B + 1 might be a cheaper plan)
+    every = ctx.stage_plan(template).n_stages == 1 and req.batch_caps and not req.stochastic
+    nxt = next_batch(ctx.tables.grid.batches, sel.batch, splits, every_integer=every)
     if nxt is None:
         return BindingOut(constraint=Binding.BATCHES.value)
     ctx = _at_batch(ctx, nxt)
