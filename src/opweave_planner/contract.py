@@ -666,8 +666,9 @@ def deployment_record(p: Plan) -> dict[str, Any]:
         a = dep.aggregated
         assert a is not None  # Deployment's validator: mode aggregated needs it
         pct = a.ttft_percentile if dep.prefill is None else dep.prefill.ttft_percentile
-        return {**rec, "pools": {"replicas": {"replicas": a.replicas, "gpu": a.gpu, "tensor_parallel": a.tensor_parallel,
-                                              "gpus": a.gpus, "batch": a.batch, "chunk_tokens": a.chunk_tokens}},
+        group = {"replicas": a.replicas, "gpu": a.gpu, "tensor_parallel": a.tensor_parallel, "gpus": a.gpus,
+                 "batch": a.batch, "chunk_tokens": a.chunk_tokens}
+        return {**rec, "pools": {"replicas": group},
                 "gpus": a.gpus, "usd_per_hour": a.usd_per_hour,
                 "usd_per_million_output_tokens": a.usd_per_million_output_tokens, "ttft_percentile": pct,
                 "ttft_ms": a.ttft_ms, "tpot_percentile": a.tpot_percentile, "tpot_ms": a.tpot_ms}
@@ -758,7 +759,8 @@ def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]
         add("batch", _batch(old), _batch(new), f"batch: {_batch_words(old)} -> {_batch_words(new)}")
     if old.usd_per_million_tokens != new.usd_per_million_tokens:
         a, b = old.usd_per_million_tokens, new.usd_per_million_tokens
-        add("usd_per_million_tokens", a, b, f"cost: {a:.6g} -> {b:.6g} USD per million tokens, {_scope(old, new)}{pct(a, b)}")
+        add("usd_per_million_tokens", a, b,
+            f"cost: {a:.6g} -> {b:.6g} USD per million tokens, {_scope(old, new)}{pct(a, b)}")
     if old.tpot_ms != new.tpot_ms:
         a, b = old.tpot_ms, new.tpot_ms
         add("tpot_ms", a, b, f"TPOT: {a:.6g} -> {b:.6g} ms{pct(a, b)}")
