@@ -248,6 +248,48 @@ def test_the_search_is_the_brute_force(case):
             assert loose is not None and loose.usd_per_hour <= got.usd_per_hour
 
 
+def _scan_every_candidate(cands, times, prompts, outputs, rate, slo, ttft, max_gpus, closest):
+    """The scan before the best-first search: each candidate's R from its floor upward
+    (`least_replicas`), cheapest floor first, skipping what cannot beat the best so far."""
+    best = None
+    closest.candidates += len(cands)
+    alone: dict = {}
+    mean_out, ctx = float(outputs.mean()), agg.load_context(prompts, outputs)
+    floors = [(c.key(agg.stable_replicas(c, rate, mean_out, ctx)), i) for i, c in enumerate(cands)]
+    for floor, i in sorted(floors):
+        cand = cands[i]
+        if best is not None and floor > best[0]:
+            continue
+        top = max_gpus // cand.tp
+        if best is not None:
+            while top >= 1 and cand.key(top) > best[0]:
+                top -= 1
+        fig = agg.least_replicas(cand, times, prompts, outputs, rate, mean_out, slo, ttft, 95.0, 90.0, top, closest,
+                                 alone)
+        if fig is not None and (best is None or cand.key(fig.replicas) < best[0]):
+            best = (cand.key(fig.replicas), agg.Choice(cand, fig))
+    return None if best is None else best[1]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_search)
+def test_the_best_first_search_is_the_scan_of_every_candidate(case):
+    """Same choice, same figures (the binding of R - 1 included), never more replays; where
+    nothing is found, the same replays (so the same reason)."""
+    cands, times, prompts, outputs, rate = _search_case(case)
+    slo, ttft = case["slo_ms"] / 1e3, case["ttft_ms"] / 1e3
+    fast, slow = agg.Closest(), agg.Closest()
+    got = agg.choose(cands, times, prompts, outputs, rate, float(outputs.mean()), slo, ttft, 95.0, 90.0,
+                     max_gpus=12, closest=fast)
+    want = _scan_every_candidate(cands, times, prompts, outputs, rate, slo, ttft, 12, slow)
+    assert (got is None) == (want is None)
+    assert fast.replays <= slow.replays
+    if got is None:
+        assert fast == slow
+    else:
+        assert got.candidate is want.candidate and got.figures == want.figures
+
+
 # ----------------------------------------------------------------------------- a whole request
 
 BASE = dict(model="llama-3.1-8b", slo="60ms", ctx="8704", gpus="h100", tensor_parallel_sizes="1,2",

@@ -10,19 +10,19 @@ queue wait for the chunk budget plus the steps that carry the prompt's chunks.
 
 Exact over the enumeration: R is feasible when R replicas can carry the decode load at all
 (R >= `stable_replicas`, R x B / pure step at B >= rate x mean output) and the replay meets both
-SLOs. For each candidate every R from that floor upward is tried in turn, so its R is the least
-feasible one (no monotonicity in R is assumed); the candidates' costs R x TP x price are compared
-(ties: fewer GPUs, GPU id, TP, B, chunk), skipping a candidate once its floor already costs more
-than the best found, and scanning R only while it could still win. Two bounds end a scan that
-cannot succeed, both valid for every R: `ttft_floor` (no TTFT is below its prompt's tokens
-through the linear operators at their cheapest per-token step) refuses a candidate without a
-replay, and from `isolated_replicas` on every replica serves its requests one at a time, so every
-larger R replays the same figures. A brute force over every (candidate, R) checks it
+SLOs. The (candidate, R) pairs are replayed best first by cost R x TP x price (ties: fewer GPUs,
+GPU id, TP, B, chunk), each candidate from that floor upward, so the first pair meeting both
+SLOs is the cheapest feasible one (no monotonicity in R is assumed) and no dearer pair is
+replayed. Two bounds end a candidate that cannot succeed, both valid for every R: `ttft_floor`
+(no TTFT is below its prompt's tokens through the linear operators at their cheapest per-token
+step) refuses a candidate without a replay, and from `isolated_replicas` on every replica serves
+its requests one at a time, so every larger R replays the same figures. A brute force over every (candidate, R) checks it
 (tests/test_aggregated.py).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -298,26 +298,42 @@ def choose(cands: list[Candidate], times, prompts, outputs, rate: float, mean_ou
            ttft_s: float, tpot_pct: float, ttft_pct: float, max_gpus: int = MAX_GPU_BUDGET,
            closest: Closest | None = None) -> Choice | None:
     """The cheapest (candidate, R) meeting both SLOs (ties: fewer GPUs, GPU id, TP, B, chunk).
-    `closest`: gathers what a search that finds nothing came nearest to."""
-    best: tuple | None = None
+
+    Best first over the pairs: every candidate's least admissible R (`stable_replicas`, past
+    `ttft_floor`) is queued by its key, the cheapest pair is replayed, and a miss queues the
+    same candidate at R + 1 (up to `isolated_replicas` and the budget). Keys are distinct and grow
+    with R, so the first pair that meets both SLOs is the least key over every feasible pair: the
+    full scan's answer without replaying any pair dearer than it, and without assuming the
+    figures are monotone in R (they are not in general: round-robin at R + 1 regroups the
+    requests). `closest`: gathers what a search that finds nothing came nearest to."""
     closest = Closest() if closest is None else closest
     closest.candidates += len(cands)
     alone: dict = {}
     ctx = load_context(prompts, outputs)
-    floors = [(c.key(stable_replicas(c, rate, mean_output, ctx)), i) for i, c in enumerate(cands)]
-    for floor, i in sorted(floors):  # cheapest floor first: a good incumbent early
-        cand = cands[i]
-        if best is not None and floor > best[0]:
+    heap: list[tuple] = []
+    for i, cand in enumerate(cands):
+        floor, most = stable_replicas(cand, rate, mean_output, ctx), max_gpus // cand.tp
+        if most < floor:
+            closest.over_budget += 1
             continue
-        top = max_gpus // cand.tp
-        if best is not None:  # only an R whose key could still beat the best
-            while top >= 1 and cand.key(top) > best[0]:
-                top -= 1
-        fig = least_replicas(cand, times, prompts, outputs, rate, mean_output, slo_s, ttft_s, tpot_pct, ttft_pct,
-                             top, closest, alone)
-        if fig is not None and (best is None or cand.key(fig.replicas) < best[0]):
-            best = (cand.key(fig.replicas), Choice(cand, fig))
-    return None if best is None else best[1]
+        bound = ttft_floor(cand, prompts, ttft_pct)
+        if bound > ttft_s:
+            closest.floor_s = min(closest.floor_s, bound)
+            continue
+        heapq.heappush(heap, (cand.key(floor), i, floor, most, "throughput"))
+    while heap:
+        _key, i, r, top, binding = heapq.heappop(heap)
+        cand = cands[i]
+        got = _replayed(cand, times, prompts, outputs, r)
+        closest.saw(got, slo_s, ttft_pct)
+        ttft_ok, tpot_ok = got.ttft_percentile(ttft_pct) <= ttft_s, got.tpot_met(slo_s, tpot_pct)
+        if ttft_ok and tpot_ok:
+            return Choice(cand, got.figures(tpot_pct, ttft_pct, binding))
+        if binding == "throughput" and top > r:  # r is the floor: from `isolated_replicas` on, R replays as it does
+            top = min(top, max(isolated_replicas(cand, times, prompts, outputs, alone), r))
+        if r < top:  # what r, one fewer than the next, breaks
+            heapq.heappush(heap, (cand.key(r + 1), i, r + 1, top, "ttft" if tpot_ok else "tpot"))
+    return None
 
 
 # ----------------------------------------------------------------------------- from a request

@@ -8,7 +8,8 @@
 - `evaluate_plan(plan, ...)` re-simulates a plan's placement under new prices, network or
   profiles without searching, after checking that it is consistent with the model (every
   operator exactly once, stages equal to the template's expansion).
-- `diff_plans(old, new)` says what changed: placement, GPUs, batch, cost and TPOT.
+- `diff_plans(old, new)` says what changed: placement, GPUs, batch, cost, TPOT and the deployment
+  (decode only, aggregated or disaggregated, with the TTFT of the kinds that have one).
 """
 
 from __future__ import annotations
@@ -613,7 +614,8 @@ def _batch_words(p: Plan) -> str:
            f"{'/'.join(str(o.microbatch) for o in p.owners)}"
 
 
-def _pct(old: float, new: float) -> str:
+def pct(old: float, new: float) -> str:
+    """' (+6.25%)': new against old (empty when old is 0)."""
     return f" ({(new / old - 1) * 100:+.2f}%)" if old else ""
 
 
@@ -646,6 +648,89 @@ def _request_words(ro: dict[str, Any], rn: dict[str, Any]) -> str:
     return "request: " + (", ".join(parts) if parts else "the workload's derived figures differ")
 
 
+def deployment_record(p: Plan) -> dict[str, Any]:
+    """What a plan deploys, in the figures its kind has: decode only (the sized copies, if any; no
+    TTFT), aggregated (its replicas, their TTFT and TPOT) or disaggregated (both pools, the all-in
+    cost, the prefill pool's TTFT; the TPOT is the plan's own)."""
+    dep = p.deployment
+    mode = None if dep is None else dep.mode
+    rec: dict[str, Any] = {"mode": mode or "decode only", "pools": {}, "gpus": None, "usd_per_hour": None,
+                           "usd_per_million_output_tokens": None, "ttft_percentile": None, "ttft_ms": None,
+                           "tpot_percentile": None, "tpot_ms": None}
+    if dep is None:
+        return rec
+    decode = {"copies": dep.copies, "gpus": dep.gpus_total}
+    if mode is None:
+        return {**rec, "pools": {"decode": decode}, "gpus": dep.gpus_total, "usd_per_hour": dep.usd_per_hour}
+    if mode == "aggregated":
+        a = dep.aggregated
+        assert a is not None  # Deployment's validator: mode aggregated needs it
+        pct = a.ttft_percentile if dep.prefill is None else dep.prefill.ttft_percentile
+        group = {"replicas": a.replicas, "gpu": a.gpu, "tensor_parallel": a.tensor_parallel, "gpus": a.gpus,
+                 "batch": a.batch, "chunk_tokens": a.chunk_tokens}
+        return {**rec, "pools": {"replicas": group},
+                "gpus": a.gpus, "usd_per_hour": a.usd_per_hour,
+                "usd_per_million_output_tokens": a.usd_per_million_output_tokens, "ttft_percentile": pct,
+                "ttft_ms": a.ttft_ms, "tpot_percentile": a.tpot_percentile, "tpot_ms": a.tpot_ms}
+    f = dep.prefill
+    assert f is not None  # Deployment's validator: a disaggregated deployment has its pool
+    return {**rec, "pools": {"decode": decode, "prefill": {"instances": f.instances, "gpu": f.gpu,
+                                                           "tensor_parallel": f.tensor_parallel, "gpus": f.gpus}},
+            "gpus": dep.gpus_total + f.gpus, "usd_per_hour": dep.usd_per_hour_all_in,
+            "usd_per_million_output_tokens": dep.usd_per_million_output_tokens_all_in,
+            "ttft_percentile": f.ttft_percentile, "ttft_ms": f.ttft_ms,
+            "tpot_percentile": p.tpot.percentile if p.tpot is not None else None, "tpot_ms": p.tpot_ms}
+
+
+def deployment_words(rec: dict[str, Any]) -> str:
+    """'aggregated: 6x h100 TP1 (B=32, chunk 512) = 6 GPUs, 20.94 USD/h, ...': a deployment_record."""
+    pools = rec["pools"]
+
+    def group(g: dict[str, Any], n: str) -> str:
+        return f"{g[n]}x {g['gpu']} TP{g['tensor_parallel']}"
+
+    if rec["mode"] == "decode only" and not pools:
+        return "decode only (no deployment sized)"
+    if rec["mode"] == "aggregated":
+        r = pools["replicas"]
+        shape = f"{group(r, 'replicas')} (B={r['batch']}, chunk {r['chunk_tokens']}) = {r['gpus']} GPUs"
+    elif rec["mode"] == "disaggregated":
+        d, f = pools["decode"], pools["prefill"]
+        shape = (f"decode {d['copies']} copies of the plan = {d['gpus']} GPUs + prefill {group(f, 'instances')} = "
+                 f"{f['gpus']} GPUs")
+    else:
+        d = pools["decode"]
+        shape = f"{d['copies']} copies of the plan = {d['gpus']} GPUs"
+    parts = [shape, f"{rec['usd_per_hour']:.6g} USD/h"]
+    if rec["usd_per_million_output_tokens"] is not None:
+        parts.append(f"{rec['usd_per_million_output_tokens']:.6g} USD per million output tokens all-in")
+    if rec["ttft_ms"] is not None:
+        parts.append(f"p{rec['ttft_percentile']:g} TTFT {rec['ttft_ms']:.6g} ms")
+    if rec["mode"] == "aggregated":
+        parts.append(f"p{rec['tpot_percentile']:g} TPOT {rec['tpot_ms']:.6g} ms")
+    return f"{rec['mode']}: " + ", ".join(parts)
+
+
+def ttft_words(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """'p95 TTFT: 671.9 -> 390.5 ms (-41.88%)' between two deployment records (None: one side has
+    no TTFT, a decode-only plan)."""
+    a, b = old["ttft_ms"], new["ttft_ms"]
+    if a is None or b is None:
+        return None
+    pa, pb = old["ttft_percentile"], new["ttft_percentile"]
+    if pa == pb:
+        return f"p{pb:g} TTFT: {a:.6g} -> {b:.6g} ms{pct(a, b)}"
+    return f"TTFT: p{pa:g} {a:.6g} ms -> p{pb:g} {b:.6g} ms{pct(a, b)}"
+
+
+def _scope(old: Plan, new: Plan) -> str:
+    """What the plans' own cost and TPOT cover ('decode only', 'decode pool'), old -> new if it differs."""
+    from opweave_planner.report import _cost_scope
+
+    a, b = _cost_scope(old), _cost_scope(new)
+    return a if a == b else f"{a} -> {b}"
+
+
 def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]:
     """What changed between two plan files; `equivalent` is False when the plan changed."""
     changes: list[dict[str, Any]] = []
@@ -674,10 +759,17 @@ def diff_plans(old: Plan | Infeasible, new: Plan | Infeasible) -> dict[str, Any]
         add("batch", _batch(old), _batch(new), f"batch: {_batch_words(old)} -> {_batch_words(new)}")
     if old.usd_per_million_tokens != new.usd_per_million_tokens:
         a, b = old.usd_per_million_tokens, new.usd_per_million_tokens
-        add("usd_per_million_tokens", a, b, f"cost: {a:.6g} -> {b:.6g} USD per million tokens{_pct(a, b)}")
+        add("usd_per_million_tokens", a, b,
+            f"cost: {a:.6g} -> {b:.6g} USD per million tokens, {_scope(old, new)}{pct(a, b)}")
     if old.tpot_ms != new.tpot_ms:
         a, b = old.tpot_ms, new.tpot_ms
-        add("tpot_ms", a, b, f"TPOT: {a:.6g} -> {b:.6g} ms{_pct(a, b)}")
+        add("tpot_ms", a, b, f"TPOT: {a:.6g} -> {b:.6g} ms{pct(a, b)}")
+    do, dn = deployment_record(old), deployment_record(new)
+    if do != dn:
+        add("deployment", do, dn, f"deployment: {deployment_words(do)} -> {deployment_words(dn)}")
+        ttft = ttft_words(do, dn)
+        if ttft is not None and do["ttft_ms"] != dn["ttft_ms"]:
+            add("ttft_ms", do["ttft_ms"], dn["ttft_ms"], ttft)
     inputs = [label for key, label in _PROVENANCE_INPUTS
               if getattr(old.provenance, key) != getattr(new.provenance, key)]
     po, pn = old.provenance.prices_usd_per_gpu_hour, new.provenance.prices_usd_per_gpu_hour

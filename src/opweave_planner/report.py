@@ -183,10 +183,16 @@ def kv_event_words(plan: Any) -> str | None:
             f"(kv-quantile {_get(dist, 'kv_quantile'):g})")
 
 
+# what a plan's own cost (and its decode copies) covers, by deployment mode: the decode pool of a
+# disaggregated deployment; an aggregated one runs its own replicas, so there it is decode only too
+COST_SCOPE = {None: "decode only", "disaggregated": "decode pool",
+              "aggregated": "decode only; mode aggregated"}
+
+
 def _cost_scope(plan: Any) -> str:
-    """What the plan's cost covers: the decode pool of a disaggregated deployment, else decode only."""
+    """What the plan's cost covers (COST_SCOPE of its deployment's mode)."""
     dep = _get(plan, "deployment")
-    return "decode pool" if dep is not None and _get(dep, "mode") is not None else "decode only"
+    return COST_SCOPE[_get(dep, "mode") if dep is not None else None]
 
 
 _BINDS = {"throughput": "the decode load (throughput)", "tpot": "the TPOT SLO", "ttft": "the TTFT SLO"}

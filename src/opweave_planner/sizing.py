@@ -156,7 +156,9 @@ def deployment_lines(dep: Deployment) -> list[str]:
                f"{dep.target_concurrency:,} concurrent request{'s' if dep.target_concurrency != 1 else ''}"
                if dep.target_concurrency is not None else ""]
     want = " and ".join(t for t in targets if t)
-    pool = "decode pool" if dep.mode is not None else "decode only"
+    from opweave_planner.report import COST_SCOPE
+
+    pool = COST_SCOPE[dep.mode]
     lines = [f"deployment ({pool}) for {want}: {dep.copies} cop{'y' if dep.copies == 1 else 'ies'} of the plan "
              f"(each {_count(dep.tokens_per_s_per_copy)} tokens/s, {dep.concurrency_per_copy:,} requests), "
              f"capacity {_count(dep.tokens_per_s)} tokens/s, {dep.concurrency:,} requests"]

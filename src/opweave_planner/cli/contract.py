@@ -73,9 +73,7 @@ def simulate_cmd(
         old, new = info["previous"], info
         w = info["workload"]
 
-        def pct(a: float, b: float) -> str:
-            return f" ({(b / a - 1) * 100:+.2f}%)" if a else ""
-
+        from opweave_planner.contract import pct
         from opweave_planner.report import workload_words
 
         print(f"{info['model']} {workload_words(w)}, SLO {w['tpot_slo_ms']:g} ms, policy {info['policy']}, "
@@ -109,7 +107,7 @@ def simulate_cmd(
             changed = ("none recorded; the figures differ, so the file was written by another latency model "
                        "than this opweave-planner's (or edited)")
         print(f"  inputs changed: {changed or 'none'}")
-        _deployment_words(ev.previous.deployment, ev.plan.deployment)
+        _deployment_words(ev.previous, ev.plan)
         from opweave_planner.cli.run_plan import unmeasured
         from opweave_planner.report import data_quality_warning
 
@@ -122,23 +120,29 @@ def simulate_cmd(
 
 
 def _deployment_words(old, new) -> None:
-    """The re-sized deployment's summary lines (TTFT at its percentile, the all-in USD/M), with
-    the all-in figure old -> new when both are whole deployments."""
-    if new is None:
-        if old is not None:
+    """The re-sized deployment's summary lines, then what it deploys old -> new
+    (`contract.deployment_record`): the all-in USD/M of a whole deployment and its TTFT, an
+    aggregated one's TPOT (the plans' own cost and TPOT lines cover the decode plan alone)."""
+    if new.deployment is None:
+        if old.deployment is not None:
             print("  deployment: not re-sized (the new request names no target load or TTFT)")
         return
+    from opweave_planner.contract import deployment_record, deployment_words, pct, ttft_words
     from opweave_planner.sizing import deployment_lines
 
-    for line in deployment_lines(new):
+    for line in deployment_lines(new.deployment):
         print(f"  {line}")
-    a, b = (getattr(d, "usd_per_million_output_tokens_all_in", None) for d in (old, new))
-    if a is not None and b is not None:
-        pct = f" ({(b / a - 1) * 100:+.2f}%)" if a else ""
-        line = f"  all-in: {a:.6g} -> {b:.6g} USD per million output tokens{pct}"
-        if old.prefill is not None and new.prefill is not None:
-            line += f"; p{new.prefill.ttft_percentile:g} TTFT {old.prefill.ttft_ms:.6g} -> {new.prefill.ttft_ms:.6g} ms"
-        print(line)
+    ro, rn = deployment_record(old), deployment_record(new)
+    if ro["mode"] != rn["mode"]:
+        print(f"  deployment: {deployment_words(ro)} -> {deployment_words(rn)}")
+    if ro["mode"] != rn["mode"] or rn["mode"] == "decode only":
+        return
+    a, b = ro["usd_per_million_output_tokens"], rn["usd_per_million_output_tokens"]
+    parts = [f"all-in ({rn['mode']}): {a:.6g} -> {b:.6g} USD per million output tokens{pct(a, b)}", ttft_words(ro, rn)]
+    if rn["mode"] == "aggregated":
+        parts.append(f"p{rn['tpot_percentile']:g} TPOT: {ro['tpot_ms']:.6g} -> {rn['tpot_ms']:.6g} ms"
+                     f"{pct(ro['tpot_ms'], rn['tpot_ms'])}")
+    print("  " + "; ".join(parts))
 
 
 def diff_cmd(
