@@ -68,7 +68,8 @@ PACKAGE = Path(__file__).resolve().parent
 #: so a fresh cache index of each means the part compiles nothing; the kernels they call are
 #: linked into them and need no cache of their own.
 ENTRIES = {
-    "fixed-context search": {"search/walk.py": ("_search_fixed",), "search/evaluate.py": ("_detail_fixed",)},
+    "fixed-context search": {"search/walk.py": ("_search_fixed",), "search/evaluate.py": ("_detail_fixed",),
+                             "search/bounds.py": ("phase_floors",)},
     "workload search": {"search/walk.py": ("_search_workload",), "search/evaluate.py": ("_detail_workload",)},
     "prefill replay": {"latency/ttft.py": ("replay",)},
     "aggregated replay": {"latency/mixed.py": ("replay", "step_times")},

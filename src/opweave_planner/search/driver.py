@@ -9,6 +9,7 @@ Across templates the winner is the smallest (cost, GPUs, stages, template order)
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from opweave_planner.compile import Compiled, compile_request
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.procs import deferred_interrupts, process_pool
+from opweave_planner.search.prefloor import PreFloor
 from opweave_planner.search.state import Counters, Selection
 from opweave_planner.structure.templates import Template
 
@@ -81,6 +83,9 @@ def _search_one(ctx: Compiled, index: int, ph: Phase):
     return cand, res.counters
 
 
+# a template the floor prunes: no candidate, one pruned_by_bound (as the kernel counts it)
+_FLOORED = (None, Counters(pruned_by_bound=1))
+
 _WORKER: dict = {}
 
 
@@ -140,6 +145,7 @@ class _Run:
         self.done_work, self.total_work = 0.0, total_work
         self.stack, self.pool = stack, None  # one worker pool for every phase (workers keep their context)
         self.counters = Counters()
+        self.prefloor = PreFloor(ctx)  # in the parent: every --jobs skips the same templates
         self.timings: list[tuple[str, int, float]] = []
 
     def phase(self, name: str, ph: Phase) -> list[Candidate]:
@@ -151,12 +157,17 @@ class _Run:
             self.timings.append((name, len(ph.indices), time.perf_counter() - start))
 
     def _phase(self, ph: Phase) -> list[Candidate]:
-        if self.jobs <= 1 or len(ph.indices) < 2 * self.jobs:
-            runs = ([(i, _search_one(self.ctx, i, ph))] for i in ph.indices)
+        # templates the floor prunes, decided unbuilt: what the search kernel would return for them
+        pruned = self.prefloor.pruned(ph)
+        kept = [i for i in ph.indices if i not in pruned]
+        if self.jobs <= 1 or len(kept) < 2 * self.jobs:
+            runs = ([(i, _FLOORED if i in pruned else _search_one(self.ctx, i, ph))] for i in ph.indices)
         else:
             if self.pool is None:
                 self.pool = self.stack.enter_context(process_pool(self.jobs))
-            runs = _pooled(self.ctx, list(ph.indices), self.jobs, ph, self.pool)
+            runs = _pooled(self.ctx, kept, self.jobs, ph, self.pool)
+            if pruned:
+                runs = itertools.chain([[(i, _FLOORED) for i in ph.indices if i in pruned]], runs)
         found: dict[int, Candidate] = {}
         for results in runs:
             for i, (cand, counters) in results:

@@ -17,7 +17,7 @@ import numpy as np
 
 from opweave_planner.compile.problem import PRUNE_EPS, Problem, objective_flags
 from opweave_planner.jit import entry, kernel
-from opweave_planner.search.bounds import FLOOR_MARGIN, coupled_exceeds, lower_bound, template_floor
+from opweave_planner.search.bounds import coupled_exceeds, floor_prunes, lower_bound, template_floor
 from opweave_planner.search.evaluate import (
     NODE_TOL,
     evaluate_into,
@@ -174,10 +174,15 @@ def _collect(p, ot, B, mu, pts):
 def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
     # fixed / workload: the objective's flags from `objective_flags`, exactly one of them None;
     # the None one's branches are dropped at compile time, so each mode compiles only its own kernels
-    ot = owner_tables(p)
-    pts = new_points(p)
     sc = new_scratch(p, seed_cost)
     fab, lim = p.fabric, p.limits
+    if use_bnb and floor_prunes(template_floor(p), seed_cost, lim.prune_factor):
+        # no candidate can beat the seed: one prune for the template, before its owner tables
+        # (the driver's pre-floor, search/prefloor.py, skips the same templates unbuilt)
+        sc.counters[C_BOUND] += 1
+        return sc.best_f, sc.best_i, sc.counters
+    ot = owner_tables(p)
+    pts = new_points(p)
     node_max, intra_max, tx_min = 0, 0.0, np.inf  # loops, not ndarray.max(): less to compile
     for c in range(fab.cfg_node.shape[0]):
         node_max = max(node_max, fab.cfg_node[c])
@@ -186,9 +191,6 @@ def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
     caps = Caps(slo=lim.slo * (1 + EPS), gpus=lim.max_gpus + NODE_TOL, nodes=lim.max_nodes,
                 cost_factor=lim.prune_factor, transfer_fixed_min=tx_min, use_bnb=use_bnb)
     batches, max_mu, k = p.grid.batches, p.grid.max_mu, p.stages.k
-    if use_bnb and template_floor(p, ot) > sc.best_f[3] * caps.cost_factor * (1.0 + FLOOR_MARGIN):
-        sc.counters[C_BOUND] += 1  # no candidate can beat the seed: one prune for the template
-        return sc.best_f, sc.best_i, sc.counters
     for bi in range(batches.shape[0]):
         B = batches[bi]
         for mu in range(1, max_mu + 1):
@@ -233,7 +235,7 @@ def _search_workload(p, seed_cost, use_pareto, use_bnb):
 @entry
 def template_floor_of(p):
     """`template_floor` of a Problem (tests: it never exceeds the template's optimum)."""
-    return template_floor(p, owner_tables(p))
+    return template_floor(p)
 
 
 def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,

@@ -1,0 +1,104 @@
+"""The pre-floor: which templates of a phase the template floor prunes, before their Problems.
+
+`bounds.template_floor` skips a template whose floor exceeds the seed, but only after the driver
+built its Problem and dispatched the search kernel (about 66 µs a template; with a tight seed
+most templates of a phase end there). The floor factorises by owner: an owner's staircase f_o
+depends only on its stages' operator ranges, the configurations it may take and the shared
+parts of the phase (configurations, grid, SLO, a fixed context's reserve row), and the same
+owners recur across thousands of templates. So each distinct owner's staircase is built once
+per phase and each template's floor is their merge (`bounds.phase_floors`, the same kernels as
+`template_floor`, so the same floors bit for bit and the same templates pruned; each still
+counts one `pruned_by_bound`). The driver runs it in the parent, so every `--jobs` skips the
+same set. Nothing to do for the latency objective and a workload (floor 0), without branch and
+bound, with an infinite seed, or for a one-stage template (its own grid: the kernel decides).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from opweave_planner.compile.tables import owner_ok
+
+
+class PreFloor:
+    """The pre-floor of one compiled request; owners are interned once across its phases."""
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self._ids: dict[tuple, int] = {}  # an owner's (start, end) stage ranges -> its id
+        self._ranges: list[tuple] = []
+        self._ok: list[np.ndarray] = []  # per owner id: its cfg_ok row over every GPU type
+        self._owners: dict[int, tuple[int, ...]] = {}  # template index -> its owners' ids
+
+    def applies(self, seed: float, latency_objective: bool) -> bool:
+        ctx = self.ctx
+        return (ctx.request.bnb and not latency_objective and math.isfinite(seed) and ctx.context_knots == 0
+                and not ctx.tables.kv_windows)
+
+    def pruned(self, ph) -> frozenset[int]:
+        """The indices of `ph` (a driver.Phase) whose template floor exceeds its seed."""
+        if not self.applies(ph.seed, ph.latency_objective):
+            return frozenset()
+        ctx, most = self.ctx, self.ctx.request.max_stages
+        cands = []
+        for i in ph.indices:  # _search_one skips a template over --max-stages before any bound
+            n = ctx.stage_plan(ctx.templates[i]).n_stages
+            if n > 1 and (most is None or n <= most):
+                cands.append(i)
+        if not cands:
+            return frozenset()
+        floors = self.floors(cands, ph.slo_us, ph.only_gpu, ph.seed)[1]
+        return frozenset(i for i, cut in zip(cands, floors, strict=True) if cut)
+
+    def floors(self, indices, slo_us: float, only_gpu: int | None, seed: float = math.inf):
+        """(floors, pruned) of multi-stage templates `indices` (tests compare the floors with
+        `walk.template_floor_of` of each template's Problem)."""
+        from opweave_planner.search.bounds import FloorParts, phase_floors
+
+        ctx = self.ctx
+        # the shared parts every multi-stage template's Problem gets: from one of them
+        p = ctx.problem(ctx.templates[indices[0]], slo_us=slo_us, only_gpu=only_gpu)
+        t_own, t_off = [], [0]
+        local: dict[int, int] = {}
+        for i in indices:
+            for u in self._owners_of(i):
+                t_own.append(local.setdefault(u, len(local)))
+            t_off.append(len(t_own))
+        used = sorted(local, key=local.get)
+        st_off, ranges = [0], []
+        for u in used:
+            ranges += self._ranges[u]
+            st_off.append(len(ranges))
+        ok = np.array([self._ok[u] for u in used], np.bool_)
+        if only_gpu is not None:
+            ok &= (ctx.tables.fabric.cfg_gpu == only_gpu)[None, :]
+        i64 = np.int64
+        return phase_floors(FloorParts(configs=p.configs, fabric=p.fabric, grid=p.grid, limits=p.limits),
+                            np.ascontiguousarray(p.stages.kv_units[0]), ok, np.array(st_off, i64),
+                            np.array(ranges, i64).reshape(-1, 2), np.array(t_off, i64), np.array(t_own, i64),
+                            float(seed))
+
+    def _owners_of(self, index: int) -> tuple[int, ...]:
+        got = self._owners.get(index)
+        if got is not None:
+            return got
+        ctx = self.ctx
+        plan = ctx.stage_plan(ctx.templates[index])
+        per: list[list[tuple[int, int]]] = [[] for _ in range(max(plan.owner) + 1)]
+        n = ctx.seq.n
+        for o, s, e in zip(plan.owner, plan.start, plan.end, strict=True):
+            per[o].append((s, n if e == 0 else e))  # as tables.stages: a stage ending at lm_head ends at N
+        ids = []
+        for ranges in per:
+            key = tuple(ranges)
+            u = self._ids.get(key)
+            if u is None:
+                u = self._ids[key] = len(self._ranges)
+                self._ranges.append(key)
+                arr = np.array(key, np.int64).reshape(-1, 2)
+                self._ok.append(owner_ok(ctx.tables, np.zeros(len(key), np.int64), arr[:, 0], arr[:, 1], 1)[0])
+            ids.append(u)
+        got = self._owners[index] = tuple(ids)
+        return got
