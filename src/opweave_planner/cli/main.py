@@ -40,6 +40,9 @@ def main(
         print(f"opweave-planner {__version__}")
         raise typer.Exit(0)
     if cli.invoked_subcommand is not None:
+        from opweave_planner.cli import heap
+
+        heap.settle()  # a subcommand collects as it always did
         return
     from opweave_planner.errors import UserError
 
@@ -63,8 +66,10 @@ def main(
 
 def run() -> None:
     """Console-script entry: every ending maps to one stderr line and a documented exit code."""
+    from opweave_planner.cli import heap
     from opweave_planner.cli.guard import run_cli
 
+    heap.hold()  # until the search starts (cli/heap.py)
     run_cli(app, prog_name="opweave-plan")
 
 
