@@ -32,6 +32,28 @@ def test_help_does_not_import_numba():
     assert out.strip() == "False False"
 
 
+def test_the_console_script_collects_again_once_the_search_starts(tmp_path):
+    """`run()` holds the cyclic collector while the planner loads (cli/heap.py); the search, and
+    every subcommand, runs with it on; a library caller's collector is left as it is."""
+    code = ("import gc, sys\n"
+            "from opweave_planner.cli import heap\n"
+            "from opweave_planner.search import driver\n"
+            "seen = []\n"
+            "real = driver.run_search\n"
+            "driver.run_search = lambda *a, **k: (seen.append(gc.isenabled()), real(*a, **k))[1]\n"
+            "heap.settle(); assert gc.isenabled() and not gc.get_freeze_count()  # not held: a no-op\n"
+            "from opweave_planner.cli.main import run\n"
+            "sys.argv = ['opweave-plan', *sys.argv[1:]]\n"
+            "try:\n    run()\nexcept SystemExit as e:\n    print(e.code, seen, gc.isenabled(), gc.get_freeze_count() > 0)\n")
+    args = ("--model", "llama-3.1-8b", "--slo", "60ms", "--ctx", "8k", "--gpus", "h100", "--quiet", "--out", str(tmp_path / "p.json"))
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert out.stdout.split() == ["0", "[True]", "True", "True"], out.stderr
+    code = ("import gc, sys\nfrom opweave_planner.cli.main import run\nsys.argv = ['opweave-plan', 'gpus', '--json']\n"
+            "try:\n    run()\nexcept SystemExit as e:\n    print(e.code, gc.isenabled(), file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stderr.split() == ["0", "True"], out.stderr
+
+
 def test_inspect_json():
     res = cli("inspect", "--model", "gemma-3-27b", "--blocks", "--json")
     info = json.loads(res.stdout)

@@ -115,3 +115,35 @@ def test_unknown_gpu_or_backend():
         load_profile_set(PROFILES, "b300")
     with pytest.raises(UserError, match="no 'sglang' tables"):
         load_profile_set(PROFILES, "h100", "sglang")
+
+
+def test_stacked_read_equals_the_group_by_group_read():
+    """The one-conversion read of a table gives the grids and labels the per-group checks give."""
+    for gpu in ("h100", "a100"):
+        for kind in ("gemm", "attention", "moe"):
+            table = load_profile_set(PROFILES, gpu).tables[kind]
+            shape = tuple(a.size for a in table.axis_arrays)
+            assert table._stacked(shape) is not None  # the shipped tables take the fast read
+            grids, labels = table._one_by_one(shape)
+            assert list(grids) == list(table.grids) and list(labels) == list(table.labels)
+            for key, grid in grids.items():
+                assert grid.tobytes() == table.grids[key].tobytes()
+                assert labels[key].tobytes() == table.labels[key].tobytes()
+
+
+def test_tables_are_read_on_first_use(tmp_path):
+    """A profile set reads a kind's file when asked for it: a broken file the plan never reads
+    costs nothing, and one it reads is the same one-line error as before."""
+    import shutil
+
+    shutil.copytree(PROFILES / "h100", tmp_path / "h100")
+    (tmp_path / "h100" / "vllm" / "context_attention.json").write_text("{not json")
+    (tmp_path / "h100" / "vllm" / "gemm.json").write_text('{"format_version": 99}')
+    ps = load_profile_set(tmp_path, "h100")
+    assert "context_attention" in ps.tables and "gemm" in ps.tables and "nope" not in ps.tables
+    assert ps.tables.get("nope") is None
+    assert ps.tables["attention"].kind == "attention"
+    with pytest.raises(UserError, match="gemm.json: format_version 99 is not supported"):
+        ps.tables["gemm"]
+    with pytest.raises(UserError, match="context_attention.json: not valid JSON"):
+        ps.table("context_attention")

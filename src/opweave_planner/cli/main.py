@@ -6,11 +6,39 @@ Heavy imports (numpy, numba, the search) happen inside command bodies so that
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 import typer
+from typer.core import TyperGroup
 
 from opweave_planner.cli.options import all_settings, with_settings
 
+
+class _LazyGroup(TyperGroup):
+    """The main group: a subcommand (`SUBCOMMANDS`) is imported and built when it is named."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return [*(n for n in self.commands if n not in SUBCOMMANDS), *SUBCOMMANDS]
+
+    def get_command(self, ctx, cmd_name: str):
+        if cmd_name not in self.commands and cmd_name in SUBCOMMANDS:
+            into = typer.Typer(rich_markup_mode=None)  # as `app`: built the way it builds them
+            SUBCOMMANDS[cmd_name](into)
+            built = typer.main.get_group(into).commands.get(cmd_name)
+            if built is not None:
+                self.commands[cmd_name] = built
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in SUBCOMMANDS:
+            for name in SUBCOMMANDS:  # a typo: typer's "did you mean" reads every name
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
+
+
 app = typer.Typer(
+    cls=_LazyGroup,
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=False,
@@ -40,6 +68,9 @@ def main(
         print(f"opweave-planner {__version__}")
         raise typer.Exit(0)
     if cli.invoked_subcommand is not None:
+        from opweave_planner.cli import heap
+
+        heap.settle()  # a subcommand collects as it always did
         return
     from opweave_planner.errors import UserError
 
@@ -63,8 +94,10 @@ def main(
 
 def run() -> None:
     """Console-script entry: every ending maps to one stderr line and a documented exit code."""
+    from opweave_planner.cli import heap
     from opweave_planner.cli.guard import run_cli
 
+    heap.hold()  # until the search starts (cli/heap.py)
     run_cli(app, prog_name="opweave-plan")
 
 
@@ -94,8 +127,9 @@ def gpus(
     report.emit_json(hw.model_dump()) if as_json else report.render_gpus(hw)
 
 
-def _register_subcommands() -> None:
-    """Sub-apps live in their own modules; each imports only typer at module level."""
+@functools.cache
+def _profiles_app() -> typer.Typer:
+    """`profiles`, with its `show` (once per process: the sub-app is its module's)."""
     from opweave_planner.cli import profiles as profiles_cli
 
     @profiles_cli.app.command("show")
@@ -126,31 +160,48 @@ def _register_subcommands() -> None:
         report.emit_json(info) if as_json else report.render_profile_table(info)
 
     profiles_cli.app.rich_markup_mode = None  # plain help like the rest (see `app`)
-    app.add_typer(profiles_cli.app, name="profiles", help="Import, show and measure latency profiles")
-    app.command("profile", help="Measure a model's kernels on the local CUDA GPU (needs the profile extra: PyTorch)")(
-        profiles_cli.profile_cmd)
-    for module, attr, name in (("afd", "app", "afd"),):
+    return profiles_cli.app
+
+
+def _command(module: str, attr: str, name: str, optional: bool = False, **kw):
+    """Registers `cli.<module>.<attr>` as command `name`; an optional one whose module does not
+    import (or lacks it) is left out."""
+
+    def register(into: typer.Typer) -> None:
         try:
-            mod = __import__(f"opweave_planner.cli.{module}", fromlist=[attr])
+            mod = importlib.import_module(f"opweave_planner.cli.{module}")
         except ImportError:
-            continue
-        app.add_typer(getattr(mod, attr), name=name)
-    from opweave_planner.cli import contract as contract_cli
+            if optional:
+                return
+            raise
+        if hasattr(mod, attr) or not optional:
+            into.command(name, **kw)(getattr(mod, attr))
 
-    app.command("schema")(contract_cli.schema_cmd)
-    app.command("simulate")(contract_cli.simulate_cmd)
-    app.command("diff")(contract_cli.diff_cmd)
-    app.command("regen")(contract_cli.regen_cmd)
-    from opweave_planner.cli import export as export_cli
-
-    app.command("export")(export_cli.export_cmd)
-    for module, attr, name in (("theory", "theory_cmd", "theory"), ("compare", "compare_cmd", "compare")):
-        try:
-            mod = __import__(f"opweave_planner.cli.{module}", fromlist=[attr])
-        except ImportError:
-            continue
-        if hasattr(mod, attr):
-            app.command(name)(getattr(mod, attr))
+    return register
 
 
-_register_subcommands()
+def _afd(into: typer.Typer) -> None:
+    try:
+        from opweave_planner.cli import afd
+    except ImportError:
+        return
+    into.add_typer(afd.app, name="afd")
+
+
+#: The subcommands, in the order help lists them after `inspect` and `gpus`: each registers on a
+#: Typer only when it is named (or help lists them), so the main job never imports their modules
+#: (0.16-0.19 s CPU of a plan: export's targets, afd's and compare's requests).
+SUBCOMMANDS = {
+    "profile": _command("profiles", "profile_cmd", "profile",
+                        help="Measure a model's kernels on the local CUDA GPU (needs the profile extra: PyTorch)"),
+    "schema": _command("contract", "schema_cmd", "schema"),
+    "simulate": _command("contract", "simulate_cmd", "simulate"),
+    "diff": _command("contract", "diff_cmd", "diff"),
+    "regen": _command("contract", "regen_cmd", "regen"),
+    "export": _command("export", "export_cmd", "export"),
+    "theory": _command("theory", "theory_cmd", "theory", optional=True),
+    "compare": _command("compare", "compare_cmd", "compare", optional=True),
+    "profiles": lambda into: into.add_typer(_profiles_app(), name="profiles",
+                                            help="Import, show and measure latency profiles"),
+    "afd": _afd,
+}

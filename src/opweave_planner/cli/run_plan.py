@@ -37,6 +37,7 @@ def compiled_parts(req) -> list[str]:
 def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     from opweave_planner import api, jit, report
     from opweave_planner.atomic import check_writable, write_atomic
+    from opweave_planner.cli import heap
     from opweave_planner.errors import InfeasibleError
     from opweave_planner.plan import plan_bytes
 
@@ -47,6 +48,7 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
     report.announce_compile(not cold, enabled=not quiet, what=report.compile_notice(cold))
     from opweave_planner.search.driver import ETA_AFTER  # the search runs next
 
+    heap.settle()  # the planner is loaded: freeze it, collect the search's garbage
     start = time.perf_counter()
     with report.Progress("search (template-equivalents of work)", enabled=not quiet, eta_after=ETA_AFTER) as bar:
         outcome = api.plan(req, jobs=jobs, progress=bar)

@@ -44,7 +44,7 @@ FLAGS = {"0.26.0": {
 
 def roles(plan) -> tuple[int, int] | None:
     """(attention owner, FFN owner) when the plan is an attention | FFN split, else None."""
-    from opweave_planner.structure.operators import Side, operator_side  # networkx: not for --help
+    from opweave_planner.structure.operators import Side, operator_side  # the model layer: not for --help
 
     if len(plan.owners) != 2:
         return None

@@ -346,11 +346,15 @@ def _donor(ps: ProfileSet, kind: _Kind, key: tuple, exact: bool = False) -> Prof
             other = load_profile_set(ps.root, gid, ps.backend)
         except UserError:
             continue
-        if kind.name not in other.tables or _resolve(other, kind, key) is None:
+        if kind.name not in other.tables:
             continue
         obw, opeak = other.system.memory_bandwidth_gbps, other.system.peak("bfloat16")
         dominated = obw >= bw and opeak >= peak
-        if exact and (not dominated or _resolve(other, kind, key) != key):
+        # `exact` asks the hardware first and then for `key` itself (what `_resolve` returns
+        # when the table has it): no table read for a GPU that cannot donate, no nearest scan
+        if exact and (not dominated or key not in other.tables[kind.name].grids):
+            continue
+        if _resolve(other, kind, key) is None:
             continue
         dist = math.hypot(math.log(obw / bw), math.log(opeak / peak))
         scored.append((not dominated, dist, gid, other))
@@ -434,11 +438,14 @@ def _prepared_for(ps: ProfileSet, kind: _Kind, key: tuple) -> _Prepared | None:
     ck = ("for", kind.name, key)
     if ck in ps.cache:
         return ps.cache[ck]
-    use = _resolve(ps, kind, key)
-    prep = _between_shapes(ps, key) if kind.name == "gemm" and use is not None and use != key else None
+    # a GEMM shape the table lacks, inside its grid: no nearest-shape scan (four measured
+    # corners of the dtype `_resolve` would search mean it finds a shape, and not `key`)
+    between = kind.name == "gemm" and "gemm" in ps.tables and key not in ps.tables["gemm"].grids
+    prep = _between_shapes(ps, key) if between else None
     if prep is not None:
         ps.cache[ck] = prep
         return prep
+    use = _resolve(ps, kind, key)
     # attention kernels depend on the exact head layout: a dominating GPU that measured this
     # layout beats this GPU's nearest other layout (A100 has head_dim 128 only)
     same = _donor(ps, kind, key, exact=True) if use not in (None, key) and kind.name == "attention" else None

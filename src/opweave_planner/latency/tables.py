@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from opweave_planner.errors import UserError
 from opweave_planner.inputs.hardware import SystemSpec
@@ -89,8 +89,9 @@ class _Group(BaseModel):
 
     key: tuple[str | int, ...]
     latency_us: list  # nested lists of float | None, depth = number of axes
-    #: label -> flat (C-order) indices of cells that are not plain measurements
-    labels: dict[Literal["smoothed", "floored"], list[int]] = {}
+    #: label -> flat (C-order) indices of cells that are not plain measurements (a factory:
+    #: pydantic deep-copies a literal default for every group, a tenth of a table's read)
+    labels: dict[Literal["smoothed", "floored"], list[int]] = Field(default_factory=dict)
 
 
 class GridTable(BaseModel):
@@ -125,6 +126,43 @@ class GridTable(BaseModel):
             if a.size == 0 or not np.all(np.isfinite(a)) or np.any(np.diff(a) <= 0):
                 raise ValueError(f"axis '{name}' must be non-empty and strictly increasing")
         shape = tuple(a.size for a in axes)
+        grids, labels = self._stacked(shape) or self._one_by_one(shape)
+        self._axes = axes
+        self._grids = grids
+        self._labels = labels
+
+    def _stacked(self, shape: tuple[int, ...]) -> tuple[dict, dict] | None:
+        """Every group's grid and labels from one numpy conversion (a shipped table has up to
+        1,231 groups; one conversion and one check each was most of its read), or None when
+        any group is malformed: `_one_by_one` then names the first, as it always did."""
+        want_keys = KIND_SCHEMA[self.kind][0]
+        keys = [g.key for g in self.groups]
+        if not keys or any(len(k) != len(want_keys) for k in keys) or len(set(keys)) != len(keys):
+            return None
+        try:
+            stack = np.array([g.latency_us for g in self.groups], dtype=np.float64)  # None -> nan
+        except (TypeError, ValueError):
+            return None
+        if stack.shape != (len(keys), *shape):
+            return None
+        flat = stack.reshape(len(keys), -1)
+        finite = np.isfinite(flat)
+        if not finite.any(axis=1).all() or np.any(finite & (flat <= 0)):
+            return None
+        lab = np.zeros(stack.shape, dtype=np.int8)
+        lab_flat = lab.reshape(len(keys), -1)
+        for i, g in enumerate(self.groups):
+            for code, name in enumerate(CELL_LABELS, start=1):
+                idx = g.labels.get(name)
+                if idx:
+                    if min(idx) < 0 or max(idx) >= flat.shape[1]:
+                        return None
+                    lab_flat[i, idx] = code
+        return dict(zip(keys, stack, strict=True)), dict(zip(keys, lab, strict=True))
+
+    def _one_by_one(self, shape: tuple[int, ...]) -> tuple[dict, dict]:
+        """Each group checked on its own: the first malformed one raises, naming itself."""
+        want_keys = KIND_SCHEMA[self.kind][0]
         grids: dict[tuple, np.ndarray] = {}
         labels: dict[tuple, np.ndarray] = {}
         for i, g in enumerate(self.groups):
@@ -149,9 +187,7 @@ class GridTable(BaseModel):
                     raise ValueError(f"groups[{i}].labels.{name} has an index outside the grid")
                 lab.reshape(-1)[idx] = code
             labels[g.key] = lab
-        self._axes = axes
-        self._grids = grids
-        self._labels = labels
+        return grids, labels
 
     @property
     def axis_arrays(self) -> tuple[np.ndarray, ...]:
@@ -177,7 +213,7 @@ class ProfileSet:
     backend: str
     root: Path
     system: SystemSpec
-    tables: dict[str, GridTable]
+    tables: Mapping[str, GridTable]  # read on first use (`_Tables`)
     #: scratch space for derived arrays (prepared grids, fitted efficiencies)
     cache: dict = field(default_factory=dict, repr=False)
 
@@ -351,7 +387,7 @@ def load_profile_set(profiles_dir: Path, gpu: str, backend: str = "vllm") -> Pro
     """Load (and cache) the profile set for `gpu` under `backend`.
 
     Kernel families that have no file are simply absent; lookups then fall back
-    to the calibrated roofline (see `interp`). Raises UserError when the GPU or
+    to the calibrated roofline (see `interp`). Each table is read on first use. Raises UserError when the GPU or
     the backend folder does not exist.
     """
     return _load_cached(Path(os.path.realpath(profiles_dir)), gpu, backend)
@@ -368,12 +404,39 @@ def _load_cached(root: Path, gpu: str, backend: str) -> ProfileSet:
     if not backend_dir.is_dir():
         have = sorted(p.name for p in gpu_dir.iterdir() if p.is_dir()) or ["none"]
         raise UserError(f"{backend_dir}: no '{backend}' tables for {gpu} (have: {', '.join(have)})")
-    tables: dict[str, GridTable] = {}
-    for kind in KIND_SCHEMA:
-        path = backend_dir / f"{kind}.json"
-        if os.path.lexists(path):
+    present = {kind: backend_dir / f"{kind}.json" for kind in KIND_SCHEMA}
+    tables = _Tables({kind: path for kind, path in present.items() if os.path.lexists(path)})
+    return ProfileSet(gpu=gpu, backend=backend, root=root, system=system, tables=tables)
+
+
+class _Tables(Mapping):
+    """A profile set's kernel tables by kind, each read and validated when first asked for: a
+    plan reads three or four families of its GPUs and, for a donor GPU, one (a shape its own
+    table lacks), never the prefill side's; reading all eight of every profiled GPU was most of
+    a small plan's table time. A kind is present when its file is (read or refused on use)."""
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self._paths = paths
+        self._read: dict[str, GridTable] = {}
+
+    def __getitem__(self, kind: str) -> GridTable:
+        table = self._read.get(kind)
+        if table is None:
+            path = self._paths[kind]
             table = read_table(path)
             if table.kind != kind:
                 raise UserError(f"{path}: kind is '{table.kind}', expected '{kind}'")
-            tables[kind] = table
-    return ProfileSet(gpu=gpu, backend=backend, root=root, system=system, tables=tables)
+            self._read[kind] = table
+        return table
+
+    def get(self, kind: str, default=None):
+        return self[kind] if kind in self._paths else default
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._paths
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
