@@ -210,3 +210,66 @@ def test_a_window_models_memory_caps_read_the_whole_model_replicas_own_mix():
                 assert float(prob.kv_units[0, c, mu * b]) == res.at(mu * b, mix)
             moved += largest(mu, res.row(FULL)) != b
     assert moved
+
+
+def _fresh_reserve(res: KvReserve, mix, n: int) -> float:
+    """The reserve of n residents in `mix` with nothing cached (every cache of the laws cleared), by the
+    rule written out: the quantile bound; the one-class event law, and the exact split one where that
+    exceeds the bound and the split takes 2..EVENT_SPLIT_TERMS terms; the floor."""
+    from opweave_planner.compile.traffic import EVENT_SPLIT_TERMS
+    from opweave_planner.workload import kv
+
+    for cached in (kv._kv_events, kv._binning, kv._bins, kv._end_sums, kv._kv_sum_bounds):
+        cached.cache_clear()
+    wl, target = res.workload, res.preemptions_per_request
+    if mix[1] and max(w for w, _ in mix[1]) <= wl.min_context:
+        return mix[0] * _fresh_reserve(res, FULL, n) + n * sum(w * b for w, b in mix[1])
+    tail = kv_sum_bounds(wl, n, res.kv_quantile, *mix, grid=KV_SUM_GRID)[1]
+    bound = kv_events(wl, n, EVENT_GRID, *mix, exact=False, fast=True)
+    events = bound.reserve(target)
+    if events > tail and 1 < bound.split_terms <= EVENT_SPLIT_TERMS:
+        events = kv_events(wl, n, EVENT_GRID, *mix, fast=True).reserve(target)
+    return max(tail, events, float(kv_bytes(wl.max_context, *mix) + (n - 1) * kv_bytes(wl.min_context, *mix)))
+
+
+@pytest.mark.parametrize("model", ["gemma-3-27b", "llama-3.1-8b"])
+def test_every_owners_rows_are_its_mixs_reserve_at_every_count_it_reads(model):
+    """Stages.kv_units against the reserve computed afresh: every owner of a two-owner template at the
+    grid's counts and the one-stage owner at its own (grid and caps), full attention included (the
+    shared Traffic.units holds the grid's counts only: a one-stage row read from it fails here at the
+    caps' counts of llama, whose layers are all full attention)."""
+    req = api.make_request(**{**GEMMA, "model": model, "policy": "opweave", "max_owners": 2})
+    ctx = compile_request(req)
+    one = next(t for t in ctx.templates if ctx.stage_plan(t).n_stages == 1)
+    two = next(t for t in ctx.templates if t.k == 2 and ctx.stage_plan(t).n_stages > 1)
+    assert set(ctx.tables.colocated_reserve.counts) - set(ctx.tables.reserve.counts)  # the caps' own counts
+    seen = set()
+    for tmpl, res in ((one, ctx.tables.colocated_reserve), (two, ctx.tables.reserve)):
+        prob = ctx.problem(tmpl)
+        for o in range(tmpl.k):
+            mixes = owner_mixes(ctx.tables, prob.stage_owner, prob.stage_start, prob.stage_end, o)
+            for c, mix in enumerate(mixes):
+                for n in res.counts:
+                    if (mix, n) not in seen:  # a fresh reserve once per (mix, count)
+                        seen.add((mix, n))
+                        assert float(prob.kv_units[o, c, n]) == _fresh_reserve(res, mix, n), (tmpl, o, c, n)
+                    assert float(prob.kv_units[o, c, n]) == res.at(n, mix)
+
+
+def test_the_exact_laws_binning_shares_the_one_class_ones_bins_bit_for_bit():
+    """`_binning` of the exact split law after the one-class one (sharing `_bins`) is the one made alone."""
+    from opweave_planner.workload import kv
+
+    wl = trace_workload(AZURE)
+    mix = (0.161290322581, ((1024, 0.838709677419),))
+    for grid in (65536, 8192):
+        kv._bins.cache_clear()
+        kv._binning.cache_clear()
+        alone = kv._binning(wl, *mix, grid, True)
+        kv._bins.cache_clear()
+        kv._binning.cache_clear()
+        kv._binning(wl, *mix, grid, False)
+        shared = kv._binning(wl, *mix, grid, True)
+        assert shared[-1] and len(shared) == len(alone)
+        for a, b in zip(shared, alone, strict=True):
+            assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b

@@ -320,14 +320,15 @@ def kv_mixes(kvpref: np.ndarray, kv_windows, owner, start, end, o: int) -> list:
 
 def owner_units(tables: Tables, owner, start, end, k: int, one: bool) -> np.ndarray:
     """[k, C, B+]: the reserve row of each owner in each configuration (Stages.kv_units; `one`: the
-    one-stage template, whose resident counts include the batch caps')."""
+    one-stage template, whose resident counts include the batch caps': its rows are its own mixes'
+    over those counts, even full attention's, as Traffic.units holds the grid's counts only)."""
     units = (tables.colocated_traffic if one else tables.traffic).units
     reserve = tables.colocated_reserve if one else tables.reserve
     out = np.empty((k, tables.per_config.kvpref.shape[0], units.size))
     out[:] = units
-    for o in range(k if tables.kv_windows else 0):
+    for o in range(k if tables.kv_windows or (one and reserve is not None) else 0):
         for c, mix in enumerate(owner_mixes(tables, owner, start, end, o)):
-            if mix != FULL:
+            if one or mix != FULL:
                 out[o, c] = reserve.units(mix)
     return out
 

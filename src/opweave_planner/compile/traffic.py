@@ -41,7 +41,7 @@ from opweave_planner.compile.space import microbatch_grid
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.structure.operators import Operator
 from opweave_planner.workload.edge import workload_spec
-from opweave_planner.workload.kv import kv_bytes, kv_events, kv_sum_bounds
+from opweave_planner.workload.kv import kv_bytes, kv_events, kv_split_terms, kv_sum_bounds
 from opweave_planner.workload.law import ContextLaw, scenarios
 from opweave_planner.workload.shaping import materialize
 
@@ -75,7 +75,8 @@ class WorkloadArrays:
     knots: np.ndarray  # float64[G]
     c_lb: float  # context of the lower-bound tables
     pct: float  # SLO percentile as a fraction
-    units: np.ndarray  # float64[max B + 1]: context tokens reserved for n requests (full attention)
+    units: np.ndarray  # float64[max B + 1]: context tokens reserved for n requests (full attention), at
+    # the grid's resident counts (the caps' own counts: `reserve`)
     reserve: KvReserve  # the reserve of any mix of full and sliding-window KV
 
 
@@ -133,8 +134,11 @@ def build_traffic(req: PlanRequest, wl: ContextLaw, batches: tuple[int, ...] | N
     pct = req.percentile / 100.0
     c_lb = lower_context(cs, batches, req.max_microbatches, req.max_replicas, pct)
     reserve = (kv_reserve(req, wl) if reserve is None else reserve).over(resident_counts(req, batches))
+    # the full-attention row over the grid's counts only: the one-stage template, the one reading the
+    # caps' counts, reads its own rows (compile.tables.owner_units), so a model whose whole replica
+    # has window layers computes no full-attention reserve there
     return WorkloadArrays(workload=wl, scen_cs=cs, knots=_knots(wl, (wl.theta,)), c_lb=c_lb, pct=pct,
-                          units=reserve.units(FULL), reserve=reserve)
+                          units=reserve.over(resident_counts(req, req.batches)).units(FULL), reserve=reserve)
 
 
 #: (per_token, windows) of one request's KV in units of its bytes per context token below every
@@ -217,11 +221,10 @@ def _reserve_at(res: KvReserve, n: int, mix: Mix) -> float:
     longest = float(kv_bytes(wl.max_context, per_token, windows))
     shortest = float(kv_bytes(wl.min_context, per_token, windows))
     tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
-    # the one-class law bounds every crossing from above (exact with nothing below a window):
-    # where even its reserve is below the quantile floor, the exact one is too
-    events = event_law(wl, n, mix, exact=False, fast=True).reserve(res.preemptions_per_request)
-    if events > tail:
-        events = event_law(wl, n, mix, fast=True).reserve(res.preemptions_per_request)
+    # the planner's event law alone: the one-class law bounds every crossing of the exact one from above,
+    # so where the exact law is the planner's, making the one-class one first to skip the exact one where
+    # even its reserve is below the quantile floor would not change the maximum (tests/test_window_reserve.py)
+    events = event_law(wl, n, mix, fast=True).reserve(res.preemptions_per_request)
     return max(tail, events, longest + (n - 1) * shortest)
 
 
@@ -239,11 +242,11 @@ def event_law(wl: ContextLaw, n: int, mix: Mix, exact: bool | None = None, fast:
     """The event law the planner reserves and records with (workload.kv.kv_events on EVENT_GRID):
     the exact window-split law where it takes at most EVENT_SPLIT_TERMS terms (few residents),
     else (or with exact=False) the one-class upper bound; the one law without a window (`fast`: the
-    reserve's arithmetic, kv_events)."""
-    bound = kv_events(wl, n, EVENT_GRID, *mix, exact=False, fast=fast)
-    if exact is False or not 1 < bound.split_terms <= EVENT_SPLIT_TERMS:
-        return bound
-    return kv_events(wl, n, EVENT_GRID, *mix, fast=fast)
+    reserve's arithmetic, kv_events). Which law is read off the binomial terms alone (kv_split_terms):
+    the one-class law is not made to choose the exact one."""
+    if exact is None:
+        exact = 1 < kv_split_terms(wl, n, EVENT_GRID, *mix) <= EVENT_SPLIT_TERMS
+    return kv_events(wl, n, EVENT_GRID, *mix, exact=exact, fast=fast)
 
 
 def kv_mix(per_token: float, windows: dict[int, float]) -> Mix:

@@ -17,8 +17,8 @@ from opweave_planner.errors import UserError
 from opweave_planner.workload.law import ContextLaw, slot_stream
 from opweave_planner.workload.spec import parse_quantile
 
-__all__ = ["KV_GRID", "KvEvents", "kv_bytes", "kv_events", "kv_moments", "kv_quantile", "kv_sum_bounds",
-           "kv_sum_quantile"]
+__all__ = ["KV_GRID", "KvEvents", "kv_bytes", "kv_events", "kv_moments", "kv_quantile", "kv_split_terms",
+           "kv_sum_bounds", "kv_sum_quantile"]
 
 
 def kv_bytes(
@@ -305,6 +305,25 @@ def _kept(masses: np.ndarray) -> tuple[int, int]:
     return int(keep[0]), int(keep[-1])
 
 
+def _classes(n: int, p_fin: float, p_below: float) -> tuple:
+    """(b_m, kept m range, kept k range per m, their (m, k) count) of n slots: m ~ Binomial(n, p_fin)
+    finish, k ~ Binomial(n - m, p_below) of the others are below a window."""
+    bm = _binomial(n, p_fin)
+    m_lo, m_hi = _kept(bm)
+    ks = {m: _kept(_binomial(n - m, p_below)) for m in range(m_lo, m_hi + 1)}
+    return bm, m_lo, m_hi, ks, sum(b - a + 1 for a, b in ks.values())
+
+
+def kv_split_terms(workload: ContextLaw, n_requests: int, grid: int = KV_GRID, per_token: float = 1.0,
+                   windows: Sequence[tuple[int, float]] = ()) -> int:
+    """`kv_events(...).split_terms` without the law: what choosing between the exact and the one-class
+    law reads (its binning is the law's own, kept for the law that follows)."""
+    n = int(n_requests)
+    key = tuple(sorted((int(a), float(b)) for a, b in windows if b))
+    bins = _bins(workload, float(per_token), key, int(min(65536, max(EVENT_MIN_BINS, int(grid) // n))))
+    return _classes(n, bins[3], bins[11])[4]
+
+
 def _term(s: float, m: int, grid: int, small: int, cdf_f, tail) -> np.ndarray:
     """The transform of P(F <= x) P(A > x - s) on the short grid (x and the shift s in bins; F, A
     sums of m finishing / arriving requests, `cdf_f` and `tail` = P(A > k - 1) their laws)."""
@@ -331,11 +350,8 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
     g_a, g_b = per_token / step, grow_below / step  # one token of growth, in bins
     size = n * (grid - 1) + math.ceil(n * g_b) + 3
     nfft = next_fast_len(size, real=True)
-    bm = _binomial(n, p_fin)
-    m_lo, m_hi = _kept(bm)
-    ks = {m: _kept(_binomial(n - m, p_below)) for m in range(m_lo, m_hi + 1)}
+    bm, m_lo, m_hi, ks, terms = _classes(n, p_fin, p_below)
     k_top = {m: ks[m][1] for m in ks}
-    terms = sum(b - a + 1 for a, b in ks.values())
     if not split:
         ks = dict.fromkeys(ks, (0, 0))
     k_lo, k_hi = min(a for a, _ in ks.values()), max(b for _, b in ks.values())
@@ -407,6 +423,25 @@ def _binning(workload: ContextLaw, per_token: float, windows: tuple[tuple[int, f
              exact: bool) -> tuple:
     """The n-free part of `_kv_events` (one request's laws on `grid` bins, the continuing slots' classes):
     every n with the same bin count shares it (every n past 65536 / EVENT_MIN_BINS)."""
+    e_d, x_lo, grow_below, p_fin, step, grid, a1, f1, s1, cont, below, p_below, binned = _bins(
+        workload, per_token, windows, grid)
+    split = exact and p_below > 0.0
+    if split:  # the continuing slots in two classes, K ~ Binomial(n - m, p_below) below the window
+        cont_b, cont_a = np.where(below, cont, 0.0), np.where(below, 0.0, cont)
+        wa1 = binned(cont_a / cont_a.sum()) if cont_a.sum() > 0 else binned(cont_a)
+        wb1 = binned(cont_b / cont_b.sum())
+    else:  # one class: every below-window count at its largest kept one (exact without a window)
+        wa1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
+        wb1 = np.zeros(grid)
+    for a in (wa1, wb1):
+        a.setflags(write=False)
+    return e_d, x_lo, grow_below, p_fin, step, grid, a1, f1, s1, wa1, wb1, p_below, split
+
+
+@lru_cache(maxsize=16)
+def _bins(workload: ContextLaw, per_token: float, windows: tuple[tuple[int, float], ...], grid: int) -> tuple:
+    """`_binning`'s part common to the one-class and the exact law (the exact law of a count follows its
+    one-class law at once: a short cache; its context-long arrays are not kept for long)."""
     from opweave_planner.workload.shaping import request_ends
 
     arrive, last = request_ends(workload)
@@ -435,18 +470,11 @@ def _binning(workload: ContextLaw, per_token: float, windows: tuple[tuple[int, f
     # continuing slots below the (longest) window grow by grow_below, the others by per_token
     below = np.zeros(cont.size, bool)
     below[: max((w for w, _ in windows), default=0)] = True
-    cont_b, cont_a = np.where(below, cont, 0.0), np.where(below, 0.0, cont)
+    cont_b = np.where(below, cont, 0.0)
     p_below = float(cont_b.sum() / cont.sum()) if cont.sum() > 0 else 0.0
-    split = exact and p_below > 0.0
-    if split:  # the continuing slots in two classes, K ~ Binomial(n - m, p_below) below the window
-        wa1 = binned(cont_a / cont_a.sum()) if cont_a.sum() > 0 else binned(cont_a)
-        wb1 = binned(cont_b / cont_b.sum())
-    else:  # one class: every below-window count at its largest kept one (exact without a window)
-        wa1 = binned(cont / cont.sum()) if cont.sum() > 0 else s1
-        wb1 = np.zeros(grid)
-    for a in (a1, f1, s1, wa1, wb1):
+    for a in (a1, f1, s1, cont, below):
         a.setflags(write=False)
-    return e_d, x_lo, grow_below, p_fin, step, grid, a1, f1, s1, wa1, wb1, p_below, split
+    return e_d, x_lo, grow_below, p_fin, step, grid, a1, f1, s1, cont, below, p_below, binned
 
 
 class _EndSums:
