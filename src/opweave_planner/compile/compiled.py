@@ -103,15 +103,30 @@ class Compiled:
     def _stages(self, template: Template, splan: StagePlan):
         """(the template's typed Stages over every GPU type, whether built before): the small
         arrays are kept per template (the search builds each template's Problem once per phase),
-        the reserve rows, [k, C, B+] and large, are rebuilt each time (tables.owner_units)."""
+        the reserve rows ([k, C, B+], large) by `_units`."""
         kept = self._cache.setdefault("stages", {})
         st = kept.get(template)
         if st is None:
             st = typed_part(stages(self.seq, splan, self.tables))
             kept[template] = st._replace(kv_units=None)
             return st, False
-        units = owner_units(self.tables, st.stage_owner, st.stage_start, st.stage_end, st.k, splan.n_stages == 1)
-        return st._replace(kv_units=np.ascontiguousarray(units, np.float64)), True
+        return st._replace(kv_units=self._units(st, splan.n_stages == 1)), True
+
+    def _units(self, st, one: bool) -> np.ndarray:
+        """Stages.kv_units of a template built before. Without sliding-window reserves (a fixed
+        context, or a model without window layers) every owner's row in every configuration is
+        the reserve itself, so templates of equal owner count share one array (read only by the
+        kernels; the README command's are under 1 MB in all); with them each owner has its own
+        mix, rebuilt each time (tables.owner_units: a row per template would be [k, C, B+] each)."""
+        if not self.tables.kv_windows:
+            shared = self._cache.setdefault("units", {})
+            units = shared.get((st.k, one))
+            if units is None:
+                units = shared[st.k, one] = np.ascontiguousarray(
+                    owner_units(self.tables, st.stage_owner, st.stage_start, st.stage_end, st.k, one), np.float64)
+            return units
+        units = owner_units(self.tables, st.stage_owner, st.stage_start, st.stage_end, st.k, one)
+        return np.ascontiguousarray(units, np.float64)
 
 
 def hardware_for(req: PlanRequest) -> Hardware:

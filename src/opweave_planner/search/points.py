@@ -22,6 +22,7 @@ C_CAND, C_SIM, C_BOUND, C_FRONT = 0, 1, 2, 3
 
 class OwnerTables(NamedTuple):
     tab: np.ndarray  # float64[k, C, M, L]: stage time of an owner's i-th stage
+    total: np.ndarray  # float64[k, C, M]: the sum of an owner's stage times (its tab row, in order)
     count: np.ndarray  # int64[k]: stages per owner
     pos: np.ndarray  # int64[S]: a stage's index among its owner's stages
     wown: np.ndarray  # float64[k, C]: weight bytes per GPU
@@ -65,10 +66,18 @@ class Points(NamedTuple):
     gkey: np.ndarray  # int64[pmax]
     tmpf: np.ndarray  # float64[pmax]
     tmpi: np.ndarray  # int64[pmax]
+    # per replica count n at the current (B, mu): the microbatch b = B / (mu n) and its grid index
+    # (-1: none), so a point costs no integer division
+    rep_bh: np.ndarray  # int64[max_rep + 1]
+    rep_m: np.ndarray  # int64[max_rep + 1]
 
 
 @kernel(inline=True)
 def owner_tables(p):
+    """The template's per-owner tables, built once per search. Every (B, mu) reads an owner's
+    stage-time sum, so it is summed here once (`total`), not per point; the stage times are
+    filled one latency row at a time (a row is contiguous; stage by stage, every (c, m) read
+    a new cache line and the loop was memory-bound: most of a floor-pruned template's cost)."""
     st, cf, tr = p.stages, p.configs, p.traffic
     owner, start, end, payload, ok = st.stage_owner, st.stage_start, st.stage_end, st.payload, st.cfg_ok
     pref, wpref, kvpref, kvcpref, fixed, kpref = cf.pref, cf.wpref, cf.kvpref, cf.kvcpref, cf.cfg_stage_fixed, tr.kpref
@@ -87,7 +96,6 @@ def owner_tables(p):
         count[owner[j]] += 1
         most = max(most, count[owner[j]])
     tab = np.zeros((k, n_cfg, n_mb, most))
-    dom = np.zeros((k, n_cfg, n_mb, most * (1 + n_g)))
     wown = np.zeros((k, n_cfg))
     kvown = np.zeros((k, n_cfg))
     kvcown = np.zeros((k, n_cfg))
@@ -109,12 +117,45 @@ def owner_tables(p):
             wown[o, c] += range_sum(wpref[c], start[j], end[j])
             kvown[o, c] += range_sum(kvpref[c], start[j], end[j])
             kvcown[o, c] += range_sum(kvcpref[c], start[j], end[j])
+    used = np.zeros(n_cfg, np.bool_)  # some owner may take the config
+    for o in range(k):
+        for c in range(n_cfg):
+            used[c] = used[c] or ok[o, c]
+    for c in range(n_cfg):
+        if not used[c]:
+            continue
+        for m in range(n_mb):
+            row = pref[c, m]
+            for j in range(s):
+                if ok[owner[j], c]:
+                    tab[owner[j], c, m, pos[j]] = stage_time(row, start[j], end[j], fixed[c])
+    # the sums in stage order, as a point's total always was (the same bits)
+    total = np.zeros((k, n_cfg, n_mb))
+    for o in range(k):
+        for c in range(n_cfg):
+            if ok[o, c]:
+                for m in range(n_mb):
+                    tot = 0.0
+                    for i in range(count[o]):
+                        tot += tab[o, c, m, i]
+                    total[o, c, m] = tot
+    # what dominance compares: a fixed context (no knot times) compares the stage times themselves
+    if n_g == 0:
+        dom = tab
+    else:
+        dom = np.zeros((k, n_cfg, n_mb, most * (1 + n_g)))
+        for c in range(n_cfg):
+            if not used[c]:
+                continue
             for m in range(n_mb):
-                tab[o, c, m, pos[j]] = stage_time(pref[c, m], start[j], end[j], fixed[c])
-                base = pos[j] * (1 + n_g)
-                dom[o, c, m, base] = tab[o, c, m, pos[j]]
-                for g in range(n_g):
-                    dom[o, c, m, base + 1 + g] = stage_time(kpref[c, m, g], start[j], end[j], fixed[c])
+                for j in range(s):
+                    o = owner[j]
+                    if not ok[o, c]:
+                        continue
+                    base = pos[j] * (1 + n_g)
+                    dom[o, c, m, base] = tab[o, c, m, pos[j]]
+                    for g in range(n_g):
+                        dom[o, c, m, base + 1 + g] = stage_time(kpref[c, m, g], start[j], end[j], fixed[c])
     tp_rank = np.zeros(n_cfg, np.int64)  # the number of distinct TPs below a config's
     for b in range(n_cfg):
         first = True  # b is the first config of its TP: count that TP once
@@ -124,7 +165,7 @@ def owner_tables(p):
         for a in range(n_cfg):
             if first and p.fabric.cfg_tp[b] < p.fabric.cfg_tp[a]:
                 tp_rank[a] += 1
-    return OwnerTables(tab=tab, count=count, pos=pos, wown=wown, kvown=kvown, kvcown=kvcown, dom=dom,
+    return OwnerTables(tab=tab, total=total, count=count, pos=pos, wown=wown, kvown=kvown, kvcown=kvcown, dom=dom,
                        knot_free=tr.knot_free, pair_payload=pair_payload, n_cross=n_cross, tp_rank=tp_rank)
 
 
@@ -138,7 +179,8 @@ def new_points(p):
                   keep=np.empty(pmax, np.bool_), prof_t=np.zeros((k, pmax)), prof_r=np.zeros((k, pmax)),
                   prof_n=np.zeros(k, np.int64), pidx=np.zeros(k, np.int64), order=np.zeros(pmax, np.int64),
                   start=np.zeros(pmax + 1, np.int64), gkey=np.zeros(pmax, np.int64), tmpf=np.zeros(pmax),
-                  tmpi=np.zeros(pmax, np.int64))
+                  tmpi=np.zeros(pmax, np.int64), rep_bh=np.zeros(p.grid.max_rep + 1, np.int64),
+                  rep_m=np.zeros(p.grid.max_rep + 1, np.int64))
 
 
 @kernel(inline=True, refcount=False)
@@ -146,29 +188,30 @@ def build_points(p, ot, o, B, mu, pts):
     """Memory-feasible points of owner o at (B, mu); returns their count."""
     ok, cf, tp, grid, units = p.stages.cfg_ok, p.configs, p.fabric.cfg_tp, p.grid, p.stages.kv_units
     lat_obj, k = p.limits.latency_objective, p.stages.k
+    rep_bh, rep_m = pts.rep_bh, pts.rep_m
+    for n in range(1, grid.max_rep + 1):
+        rep_m[n] = -1
+        if B % (mu * n) == 0:
+            rep_bh[n] = B // (mu * n)
+            rep_m[n] = grid.mb_index[rep_bh[n]]
     npts = 0
     for c in range(ok.shape[1]):
         if not ok[o, c]:
             continue
         for n in range(1, grid.max_rep + 1):
-            if B % (mu * n) != 0:
-                continue
-            bh = B // (mu * n)
-            m = grid.mb_index[bh]
+            m = rep_m[n]
             if m < 0:
                 continue
+            bh = rep_bh[n]
             if memory_need(units[o, c], ot.wown[o, c], ot.kvown[o, c], ot.kvcown[o, c], cf.cfg_ws[c], mu, bh) > cf.cfg_mem[c]:
                 continue
-            tot = 0.0
-            for i in range(ot.count[o]):
-                tot += ot.tab[o, c, m, i]
             pts.c[o, npts] = c
             pts.m[o, npts] = m
             pts.n[o, npts] = n
             pts.bh[o, npts] = bh
             pts.r[o, npts] = cost_rate(lat_obj, k, cf.cfg_price[c], tp[c], mu, bh)
             pts.rho[o, npts] = tp[c] / (mu * bh)
-            pts.total[o, npts] = tot
+            pts.total[o, npts] = ot.total[o, c, m]
             npts += 1
     pts.count[o] = npts
     return npts

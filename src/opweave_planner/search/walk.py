@@ -244,9 +244,12 @@ def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = 
     fixed, _workload = objective_flags(p)
     run = _search_fixed if fixed else _search_workload
     best_f, best_i, counters = run(p, float(seed_cost), bool(use_pareto), bool(use_bnb))
+    # one copy of the winner's (cfg, replicas, mb) triples, its rows the Selection's arrays; plain
+    # Python floats and ints through tolist (this runs once per template visit)
     k = p.stages.k
-    found = bool(np.isfinite(best_f[0]))
-    sel = Selection(batch=int(best_i[0]), mu=int(best_i[1]), cfg=best_i[2::3][:k].copy(),
-                    replicas=best_i[3::3][:k].copy(), mb=best_i[4::3][:k].copy())
-    return SearchResult(found=found, cost=float(best_f[0]), t_rtt=float(best_f[1]), gpus=float(best_f[2]),
-                        selection=sel, counters=Counters(*(int(x) for x in counters)), t_mean=float(best_f[4]))
+    per_owner = best_i[2:2 + 3 * k].reshape(k, 3).T.copy()
+    cost, t_rtt, gpus, _incumbent, t_mean = best_f.tolist()
+    sel = Selection(batch=int(best_i[0]), mu=int(best_i[1]), cfg=per_owner[0], replicas=per_owner[1],
+                    mb=per_owner[2])
+    return SearchResult(found=math.isfinite(cost), cost=cost, t_rtt=t_rtt, gpus=gpus, selection=sel,
+                        counters=Counters(*counters.tolist()), t_mean=t_mean)
