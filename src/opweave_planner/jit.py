@@ -21,12 +21,12 @@ Options of either:
   caller's arrays), and an inlined one only into a caller of the same kind, or the counting
   comes back.
 
-LLVM optimises every kernel's IR at `OPT_LEVEL` (1), not numba's default 3: the module passes
-over each kernel's final module (every callee linked in, the search's ~2 M characters) were
-the largest part of a cold compile numba spends in LLVM, and level 1 cut the cold plan of
-gemma-3-27b on H100 by about a seventh while the warm search ran as fast (docs/architecture.md:
-the measurements). Machine code generation keeps numba's level; numba's own helpers compiled
-for a kernel (np.empty, argsort) get the kernel's level; code outside the package is untouched.
+LLVM optimises every kernel's IR at `OPT_LEVEL` (1), not numba's default 3: the passes over
+each kernel's final module (every callee linked in, the search's ~2 M characters) are most of
+the time numba spends in LLVM, and level 1 cut that time by about a quarter on a cold plan
+while the warm searches ran as fast (docs/architecture.md: the measurements). Machine code
+generation keeps numba's level; numba's own helpers compiled for a kernel (np.empty, argsort)
+get the kernel's level; code outside the package is untouched.
 
 Every kernel is cached on disk (`cache=True`) and none gets numba's C-callable (cfunc) wrapper:
 it exists to pass a compiled function around as a value, which nothing here does, yet numba
