@@ -7,9 +7,11 @@ Usage:  python benchmarks/compile_profile.py [--workload] [--top 25]
 Plans one request with an empty NUMBA_CACHE_DIR (a temporary folder) and prints, from numba's
 own records: the number of compiled signatures; per kernel its exclusive typing and lowering
 time (lowering includes LLVM; nested compiles are subtracted from typing, where numba runs
-them); and the size of the LLVM IR of each Python entry point's final module with its largest
-functions (a callee's module is linked into every caller, so this is what gets optimised and
-turned into machine code once per entry point). Without --workload the request is the cold-
+them); per kernel the CPU seconds of LLVM's three steps (function passes on its own IR, the
+module passes over its final module with every callee linked in, machine code), read by timing
+numba's codegen methods; and the size of the LLVM IR of each Python entry point's final module
+with its largest functions, each up to its closing brace (a callee's module is linked into
+every caller, so this is what gets optimised and turned into machine code once per entry point). Without --workload the request is the cold-
 compile request of bench_before_after.py (fixed context); with it, its workload request;
 --request gives any request as PlanRequest field=value pairs (README command 1: "model=gemma-3-27b
 slo=60ms ctx=32k"). The plan's time is printed as wall and as this process's CPU time.
@@ -32,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", action="store_true", help="profile the workload request instead")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--request", help="PlanRequest fields as space-separated field=value pairs")
+    ap.add_argument("--ir-out", help="also write each entry point's final-module IR to this folder")
     a = ap.parse_args(argv)
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp()
     from numba.core import event
@@ -50,6 +53,7 @@ def main(argv=None) -> int:
                 nested[id(stack[-1][0])] += time.perf_counter() - t0
 
     event.register("numba:compile", Listener())
+    llvm = _time_llvm_steps()
     from opweave_planner import api
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,12 +92,46 @@ def main(argv=None) -> int:
     print(f"{'exclusive s':>11} {'typing':>7} {'lowering':>8}  kernel (signatures)")
     for total, typ, low, name, n in sorted(rows, reverse=True)[:a.top]:
         print(f"{total:>11.2f} {typ:>7.2f} {low:>8.2f}  {name} ({n})")
+    print(f"LLVM CPU s per kernel (all {sum(map(sum, llvm.values())):.2f} s): function passes, module passes, "
+          "machine code")
+    for name, (fp, mp, mc) in sorted(llvm.items(), key=lambda kv: -sum(kv[1]))[:a.top // 2]:
+        print(f"  {fp:6.2f} {mp:6.2f} {mc:6.2f}  {name}")
     print("entry points Python calls: final-module IR characters, largest functions")
     for name, ir in sorted(entries, key=lambda e: -len(e[1]))[:6]:
-        funcs = sorted(((len(f), re.search(r'@"?([^"(]+)', f).group(1)) for f in re.split(r"\n(?=define )", ir)
-                        if f.startswith("define")), reverse=True)[:4]
+        funcs = sorted(((len(f), re.search(r'@"?([^"(]+)', f).group(1))
+                        for f in re.findall(r"^define .*?^}$", ir, re.M | re.S)), reverse=True)[:4]
         print(f"  {name}: {len(ir):,}; " + ", ".join(f"{fn[:48]}… {n:,}" for n, fn in funcs))
+    if a.ir_out:
+        os.makedirs(a.ir_out, exist_ok=True)
+        for name, ir in entries:
+            with open(os.path.join(a.ir_out, f"{name}.ll"), "w") as f:
+                f.write(ir)
     return 0
+
+
+def _time_llvm_steps() -> dict[str, list[float]]:
+    """Wrap numba's three LLVM steps of a code library with CPU timers, keyed by the library's
+    kernel (the name numba gives it); a profiling harness, not the package, so it may."""
+    from numba.core import codegen
+
+    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+
+    def timed(cls, method, slot):
+        inner = getattr(cls, method)
+
+        def run(self, *args):
+            t0 = time.process_time()
+            try:
+                return inner(self, *args)
+            finally:
+                out[self.name.split("$")[0]][slot] += time.process_time() - t0
+
+        setattr(cls, method, run)
+
+    timed(codegen.CPUCodeLibrary, "_optimize_functions", 0)
+    timed(codegen.CPUCodeLibrary, "_optimize_final_module", 1)
+    timed(codegen.JITCodeLibrary, "_finalize_specific", 2)
+    return out
 
 
 if __name__ == "__main__":

@@ -166,3 +166,46 @@ def test_the_notice_names_what_compiles_and_a_warm_run_compiles_nothing(tmp_path
     assert second["cold_before"] == [[], []]
     assert second["compiled"] == []
     assert second["workload_cold"] == ["workload search"]
+
+
+KERN = '''
+from opweave_planner.jit import entry, kernel
+
+
+@kernel
+def square(x):
+    return x * x
+
+
+@entry
+def door(x):
+    return square(x) + 1.0
+'''
+
+
+def test_kernels_compile_at_the_package_level_and_other_code_at_numbas(tmp_path, monkeypatch):
+    """Every pass pipeline of a compile of ours (the kernel's, its entry's) is built at
+    jit.OPT_LEVEL, except the cheap inlining pass numba always builds at 0; a plain njit
+    function compiled after them gets numba's own level again."""
+    import importlib
+
+    import numba
+    from numba.core import codegen, config
+
+    from opweave_planner import jit
+
+    (tmp_path / "optmod.py").write_text(KERN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    levels: list[int] = []
+    build = codegen.create_pass_builder
+
+    def spy(tm, opt, **kw):
+        levels.append(int(opt))
+        return build(tm, opt=opt, **kw)
+
+    monkeypatch.setattr(codegen, "create_pass_builder", spy)
+    assert importlib.import_module("optmod").door(3.0) == 10.0
+    assert levels and set(levels) <= {0, jit.OPT_LEVEL} and jit.OPT_LEVEL in levels
+    levels.clear()
+    assert numba.njit(lambda x: x - 1.0)(3.0) == 2.0
+    assert int(config.OPT) in levels and set(levels) <= {0, int(config.OPT)}

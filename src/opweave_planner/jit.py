@@ -21,6 +21,13 @@ Options of either:
   caller's arrays), and an inlined one only into a caller of the same kind, or the counting
   comes back.
 
+LLVM optimises every kernel's IR at `OPT_LEVEL` (1), not numba's default 3: the passes over
+each kernel's final module (every callee linked in, the search's ~2 M characters) are most of
+the time numba spends in LLVM, and level 1 cut that time by about a quarter on a cold plan
+while the warm searches ran as fast (docs/architecture.md: the measurements). Machine code
+generation keeps numba's level; numba's own helpers compiled for a kernel (np.empty, argsort)
+get the kernel's level; code outside the package is untouched.
+
 Every kernel is cached on disk (`cache=True`) and none gets numba's C-callable (cfunc) wrapper:
 it exists to pass a compiled function around as a value, which nothing here does, yet numba
 builds it for every function and links it into each caller (dropping it cut the planner's cold
@@ -31,8 +38,10 @@ written once, in a module that does not import numba).
 
 Reliance on numba internals, stated once: `no_cpython_wrapper` and `no_cfunc_wrapper` are
 undocumented `njit` options, `_nrt` a private one, the cache check below reads numba's cache
-index format, `_tolerate_stale_index` wraps a dispatcher's private index reader and
-`_unliteral_calls` its `get_call_template`. numba is pinned below 1 (pyproject.toml); a numba that drops an option
+index format, `_tolerate_stale_index` wraps a dispatcher's private index reader,
+`_unliteral_calls` its `get_call_template`, and `_at_opt_level` its `compile` and the CPU
+codegen's private `_pass_builder` (where numba reads NUMBA_OPT for every pass pipeline).
+numba is pinned below 1 (pyproject.toml); a numba that drops an option
 fails every kernel at its first compile with a KeyError naming it, and the test
 `test_the_installed_numba_takes_every_option` says so first (docs/architecture.md: how to test
 the newest numba).
@@ -54,6 +63,9 @@ from pathlib import Path
 
 #: The options every kernel is compiled with.
 BASE_OPTIONS = {"cache": True, "no_cfunc_wrapper": True}
+
+#: LLVM's optimisation level for the package's kernels (numba's NUMBA_OPT, default 3, for the rest).
+OPT_LEVEL = 1
 
 #: The package's kernel modules a plan search compiles (relative to the package folder); the
 #: first-run compile notice looks at their caches. tests/test_architecture.py checks that these
@@ -92,7 +104,7 @@ def _decorator(fn, opts: dict):
     def apply(f):
         import numba
 
-        return _tolerate_stale_index(_unliteral_calls(numba.njit(**opts)(f)))
+        return _at_opt_level(_tolerate_stale_index(_unliteral_calls(numba.njit(**opts)(f))))
 
     return apply if fn is None else apply(fn)
 
@@ -114,6 +126,49 @@ def _unliteral_calls(dispatcher):
 
     dispatcher.get_call_template = get_call_template
     return dispatcher
+
+
+#: The optimisation level of each compile in progress, innermost last (a kernel's callees
+#: compile inside its compile, each at its own level).
+_OPT_STACK: list[int] = []
+
+
+def _at_opt_level(dispatcher, level: int = OPT_LEVEL):
+    """Compile a kernel's LLVM IR at `level`: numba builds every pass pipeline (the function
+    passes of each module, the module passes of the final module) through its codegen's
+    `_pass_builder`, which reads NUMBA_OPT unless given a level; while one of our kernels
+    compiles, it is given ours. Pipelines numba builds at a fixed level (its cheap inlining
+    pass, at 0) keep it."""
+    compile_ = getattr(dispatcher, "compile", None)
+    if compile_ is None:  # NUMBA_DISABLE_JIT: a plain function
+        return dispatcher
+    _give_pass_builders_our_level()
+
+    def compile(sig):
+        _OPT_STACK.append(level)
+        try:
+            return compile_(sig)
+        finally:
+            _OPT_STACK.pop()
+
+    dispatcher.compile = compile
+    return dispatcher
+
+
+def _give_pass_builders_our_level():
+    from numba.core import codegen
+
+    build = codegen.CPUCodegen._pass_builder
+    if getattr(build, "opweave_level", False):
+        return
+
+    def _pass_builder(self, **kwargs):
+        if _OPT_STACK and "opt" not in kwargs:
+            kwargs["opt"] = _OPT_STACK[-1]
+        return build(self, **kwargs)
+
+    _pass_builder.opweave_level = True
+    codegen.CPUCodegen._pass_builder = _pass_builder
 
 
 def _tolerate_stale_index(dispatcher):
