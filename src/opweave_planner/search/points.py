@@ -73,6 +73,39 @@ class Points(NamedTuple):
 
 
 @kernel(inline=True)
+def _stage_sums(tab, ok, count):
+    """Each owner's stage-time sum per (configuration, microbatch), added in stage order as a
+    point's total always was (the same bits)."""
+    k, n_cfg, n_mb = tab.shape[0], tab.shape[1], tab.shape[2]
+    total = np.zeros((k, n_cfg, n_mb))
+    for o in range(k):
+        for c in range(n_cfg):
+            if ok[o, c]:
+                for m in range(n_mb):
+                    tot = 0.0
+                    for i in range(count[o]):
+                        tot += tab[o, c, m, i]
+                    total[o, c, m] = tot
+    return total
+
+
+@kernel(inline=True)
+def _tp_rank(cfg_tp):
+    """Per configuration, the number of distinct TP degrees below its own."""
+    n_cfg = cfg_tp.shape[0]
+    tp_rank = np.zeros(n_cfg, np.int64)
+    for b in range(n_cfg):
+        first = True  # b is the first config of its TP: count that TP once
+        for e in range(b):
+            if cfg_tp[e] == cfg_tp[b]:
+                first = False
+        for a in range(n_cfg):
+            if first and cfg_tp[b] < cfg_tp[a]:
+                tp_rank[a] += 1
+    return tp_rank
+
+
+@kernel(inline=True)
 def owner_tables(p):
     """The template's per-owner tables, built once per search. Every (B, mu) reads an owner's
     stage-time sum, so it is summed here once (`total`), not per point; the stage times are
@@ -129,16 +162,6 @@ def owner_tables(p):
             for j in range(s):
                 if ok[owner[j], c]:
                     tab[owner[j], c, m, pos[j]] = stage_time(row, start[j], end[j], fixed[c])
-    # the sums in stage order, as a point's total always was (the same bits)
-    total = np.zeros((k, n_cfg, n_mb))
-    for o in range(k):
-        for c in range(n_cfg):
-            if ok[o, c]:
-                for m in range(n_mb):
-                    tot = 0.0
-                    for i in range(count[o]):
-                        tot += tab[o, c, m, i]
-                    total[o, c, m] = tot
     # what dominance compares: a fixed context (no knot times) compares the stage times themselves
     if n_g == 0:
         dom = tab
@@ -156,17 +179,9 @@ def owner_tables(p):
                     dom[o, c, m, base] = tab[o, c, m, pos[j]]
                     for g in range(n_g):
                         dom[o, c, m, base + 1 + g] = stage_time(kpref[c, m, g], start[j], end[j], fixed[c])
-    tp_rank = np.zeros(n_cfg, np.int64)  # the number of distinct TPs below a config's
-    for b in range(n_cfg):
-        first = True  # b is the first config of its TP: count that TP once
-        for e in range(b):
-            if p.fabric.cfg_tp[e] == p.fabric.cfg_tp[b]:
-                first = False
-        for a in range(n_cfg):
-            if first and p.fabric.cfg_tp[b] < p.fabric.cfg_tp[a]:
-                tp_rank[a] += 1
-    return OwnerTables(tab=tab, total=total, count=count, pos=pos, wown=wown, kvown=kvown, kvcown=kvcown, dom=dom,
-                       knot_free=tr.knot_free, pair_payload=pair_payload, n_cross=n_cross, tp_rank=tp_rank)
+    return OwnerTables(tab=tab, total=_stage_sums(tab, ok, count), count=count, pos=pos, wown=wown, kvown=kvown,
+                       kvcown=kvcown, dom=dom, knot_free=tr.knot_free, pair_payload=pair_payload, n_cross=n_cross,
+                       tp_rank=_tp_rank(p.fabric.cfg_tp))
 
 
 @kernel(inline=True)
