@@ -39,8 +39,10 @@ written once, in a module that does not import numba).
 Reliance on numba internals, stated once: `no_cpython_wrapper` and `no_cfunc_wrapper` are
 undocumented `njit` options, `_nrt` a private one, the cache check below reads numba's cache
 index format, `_tolerate_stale_index` wraps a dispatcher's private index reader,
-`_unliteral_calls` its `get_call_template`, and `_at_opt_level` its `compile` and the CPU
-codegen's private `_pass_builder` (where numba reads NUMBA_OPT for every pass pipeline).
+`_unliteral_calls` its `get_call_template`, `_at_opt_level` its `compile` and the CPU
+codegen's private `_pass_builder` (where numba reads NUMBA_OPT for every pass pipeline), and
+`_skip_blas_probe` the BLAS check numba.np.arraymath runs at import (`_check_blas`, calling
+numba.np.linalg's `ensure_blas`).
 numba is pinned below 1 (pyproject.toml); a numba that drops an option
 fails every kernel at its first compile with a KeyError naming it, and the test
 `test_the_installed_numba_takes_every_option` says so first (docs/architecture.md: how to test
@@ -145,6 +147,7 @@ def _at_opt_level(dispatcher, level: int = OPT_LEVEL):
     _give_pass_builders_our_level()
 
     def compile(sig):
+        _skip_blas_probe()
         _OPT_STACK.append(level)
         try:
             return compile_(sig)
@@ -153,6 +156,32 @@ def _at_opt_level(dispatcher, level: int = OPT_LEVEL):
 
     dispatcher.compile = compile
     return dispatcher
+
+
+def _skip_blas_probe():
+    """Load numba's array implementations without importing scipy.linalg. Numba installs them
+    (numba.np.arraymath) on its first compile or cache load, and that module checks at import
+    that BLAS is there by importing scipy.linalg.cython_blas: all of scipy.linalg, which clones
+    every numpy submodule (f2py, testing), 0.2-0.45 s of each plan's CPU although no kernel here
+    uses BLAS (np.dot, @, np.linalg). The check runs with a stand-in that asks only whether scipy
+    is installed (a dependency: the check's answer is the same); numba's BLAS overloads call
+    the real check again when a kernel uses them."""
+    if "numba.np.arraymath" in sys.modules:
+        return
+    from importlib.util import find_spec
+
+    from numba.np import linalg
+
+    def scipy_is_installed():
+        if find_spec("scipy") is None:
+            raise ImportError("scipy is required for linear algebra")
+
+    probe, linalg.ensure_blas = linalg.ensure_blas, scipy_is_installed
+    try:
+        from numba.np import arraymath
+    finally:
+        linalg.ensure_blas = probe
+    arraymath.ensure_blas = probe  # the name it imported, for any later caller
 
 
 def _give_pass_builders_our_level():
