@@ -103,6 +103,25 @@ def coupled_exceeds(pts, depth, mu, t_lb, r_fixed, r_min_rest, thr, slo_cap):
                 idx[o] += 1
 
 
+@kernel(refcount=False)
+def point_staircase(pts, o, mu, rr, thr, slo_cap):
+    """Owner o's staircase for `coupled_exceeds` (prof_t/prof_r/prof_n) from its points in any
+    order, so the root can use the coupled bound before the frontier and the sort.
+
+    rr is the r_fixed + r_min_rest that `coupled_exceeds` is given. A point whose compute
+    stream t = mu x S has t > slo_cap or t x rr > thr is left out: `coupled_exceeds` returns
+    True before its tau reaches any such t (tau ascends and checks exactly these), and the f_o
+    it reads at every smaller tau are the same, so its answer is unchanged."""
+    ptot, pr, ts, rs = pts.total[o], pts.r[o], pts.prof_t[o], pts.prof_r[o]
+    n = 0
+    for a in range(pts.count[o]):
+        t = mu * ptot[a]
+        if t <= slo_cap and t * rr <= thr:
+            ts[n], rs[n] = ptot[a], pr[a]
+            n += 1
+    pts.prof_n[o] = staircase_steps(ts, rs, n)
+
+
 @kernel(inline=True)
 def floor_prunes(floor, seed, factor):
     """A template floor above the seed x the prune factor (x (1 + FLOOR_MARGIN)): no candidate
@@ -120,15 +139,16 @@ class FloorParts(NamedTuple):
 
 
 @kernel(refcount=False)
-def owner_staircase(fp, ok, units, ranges, lo, hi, ts, rs):
+def owner_choices(fp, ok, units, sums, tot, ts, rs):
     """One owner's floor staircase into ts/rs[:n]; returns n (0: the owner has no choice).
 
-    The owner's stages are rows lo..hi-1 of ranges [S, 2] (start, end), in stage order; ok its
-    cfg_ok row, units its reserve rows [C, B+]. A choice (configuration, microbatch b) counts if the owner may take
-    the configuration, b fits its memory at mu = 1 (the need grows with mu while the reserve per
+    ok is its cfg_ok row, units its reserve rows [C, B+], sums [3, C] its weight, KV-per-unit
+    and per-request KV bytes per GPU, tot [C, M] its stage-time sums (as `owner_tables` holds
+    them). A choice (configuration, microbatch b) counts if the owner may take the
+    configuration, b fits its memory at mu = 1 (the need grows with mu while the reserve per
     resident count does not fall) and its stage-time sum S meets the SLO; its rate is
-    price tp / b. Out: S ascending (insertion sort: small arrays, little to compile), each r the
-    least of any choice no slower. Sums run in stage order, as `owner_tables` adds them."""
+    price tp / b. Out: the staircase's steps (`staircase_steps`), S ascending, each r the least
+    of any choice no slower."""
     cf, tp, mb_grid, batches = fp.configs, fp.fabric.cfg_tp, fp.grid.mb_grid, fp.grid.batches
     top = 0
     for bi in range(batches.shape[0]):
@@ -143,30 +163,80 @@ def owner_staircase(fp, ok, units, ranges, lo, hi, ts, rs):
         for i in range(1, row.shape[0]):
             if row[i] < row[i - 1]:
                 grows = False
+        for m in range(mb_grid.shape[0]):
+            bh = mb_grid[m]
+            if bh > top or bh >= row.shape[0]:
+                continue
+            if grows and memory_need(row, sums[0, c], sums[1, c], sums[2, c], cf.cfg_ws[c], 1, bh) > cf.cfg_mem[c]:
+                continue
+            if tot[c, m] <= slo_m:
+                ts[n], rs[n] = tot[c, m], cf.cfg_price[c] * tp[c] / bh
+                n += 1
+    return staircase_steps(ts, rs, n)
+
+
+@kernel(refcount=False)
+def owner_staircase(fp, ok, units, ranges, lo, hi, scratch, out):
+    """`owner_choices` of an owner given by its stages, rows lo..hi-1 of ranges [S, 2] (start,
+    end) in stage order, into out = (ts, rs); scratch = (sums [3, C], tot [C, M]). Sums run in
+    stage order, as `owner_tables` adds them (the same bits)."""
+    cf, (sums, tot) = fp.configs, scratch
+    for c in range(cf.cfg_price.shape[0]):
+        if not ok[c]:
+            continue
         w, kv, kvc = 0.0, 0.0, 0.0
         for j in range(lo, hi):
             w += range_sum(cf.wpref[c], ranges[j, 0], ranges[j, 1])
             kv += range_sum(cf.kvpref[c], ranges[j, 0], ranges[j, 1])
             kvc += range_sum(cf.kvcpref[c], ranges[j, 0], ranges[j, 1])
-        for m in range(mb_grid.shape[0]):
-            bh = mb_grid[m]
-            if bh > top or bh >= row.shape[0]:
-                continue
-            if grows and memory_need(row, w, kv, kvc, cf.cfg_ws[c], 1, bh) > cf.cfg_mem[c]:
-                continue
-            tot = 0.0
+        sums[0, c], sums[1, c], sums[2, c] = w, kv, kvc
+        for m in range(tot.shape[1]):
+            t = 0.0
             for j in range(lo, hi):
-                tot += stage_time(cf.pref[c, m], ranges[j, 0], ranges[j, 1], cf.cfg_stage_fixed[c])
-            if tot <= slo_m:
-                a = n  # insert after every entry no slower: ascending S
-                while a > 0 and ts[a - 1] > tot:
-                    ts[a], rs[a] = ts[a - 1], rs[a - 1]
-                    a -= 1
-                ts[a], rs[a] = tot, cf.cfg_price[c] * tp[c] / bh
-                n += 1
-    for a in range(1, n):
-        rs[a] = min(rs[a], rs[a - 1])
-    return n
+                t += stage_time(cf.pref[c, m], ranges[j, 0], ranges[j, 1], cf.cfg_stage_fixed[c])
+            tot[c, m] = t
+    return owner_choices(fp, ok, units, sums, tot, out[0], out[1])
+
+
+@kernel(inline=True, refcount=False)
+def _sift(ts, rs, a, n):
+    """Heap sift-down of entry a in ts/rs[:n] (a max-heap on ts)."""
+    while True:
+        c = 2 * a + 1
+        if c >= n:
+            return
+        if c + 1 < n and ts[c + 1] > ts[c]:
+            c += 1
+        if ts[a] >= ts[c]:
+            return
+        ts[a], ts[c] = ts[c], ts[a]
+        rs[a], rs[c] = rs[c], rs[a]
+        a = c
+
+
+@kernel(refcount=False)
+def staircase_steps(ts, rs, n):
+    """Reorder ts/rs[:n] so that ts/rs[:w] are the steps of f(tau) = min rs over ts <= tau; returns w.
+
+    A heapsort by ts (in place, O(n log n): an insertion sort of the ~10^3 floor choices was
+    most of a template's floor), then one pass keeps the end of each run of equal ts whose
+    running minimum r fell: S ascending, r strictly descending. Every breakpoint it drops
+    leaves every f_o as it was at a larger tau, so `merge_floor`'s minimum is the same bits."""
+    for a in range(n // 2 - 1, -1, -1):
+        _sift(ts, rs, a, n)
+    for e in range(n - 1, 0, -1):
+        ts[0], ts[e] = ts[e], ts[0]
+        rs[0], rs[e] = rs[e], rs[0]
+        _sift(ts, rs, 0, e)
+    w, least = 0, np.inf
+    for a in range(n):
+        least = min(least, rs[a])
+        if a + 1 < n and ts[a + 1] == ts[a]:
+            continue  # not the last of its run of equal times
+        if w == 0 or least < rs[w - 1]:
+            ts[w], rs[w] = ts[a], least
+            w += 1
+    return w
 
 
 @kernel(refcount=False)
@@ -196,17 +266,18 @@ def merge_floor(ts, rs, cnt, rows, lo, hi, idx):
 
 
 @kernel
-def template_floor(p):
+def template_floor(p, ot):
     """A lower bound of every candidate's cost in a template, from its owners' stages alone.
 
     A candidate costs T x sum_o r_o with r_o = price tp / (mu b_o), and T >= mu S_o for every
     owner (its compute stream, as in `lower_bound`), so it costs at least
     max_o S_o x sum_o price tp / b_o, whatever mu. Over the owners' (configuration, microbatch)
     choices this is at least min over tau of tau x sum_o f_o(tau), f_o(tau) the least
-    price tp / b of the owner's choices with S_o <= tau (`owner_staircase`, minimised on its
-    breakpoints by `merge_floor`, as in `coupled_exceeds`). No (B, mu), no points, no owner
-    tables: f_o depends only on the owner's stages, so the driver's pre-floor (search/prefloor.py)
-    computes each distinct owner's once per phase with these same two kernels. The latency
+    price tp / b of the owner's choices with S_o <= tau (`owner_choices`, minimised on its
+    breakpoints by `merge_floor`, as in `coupled_exceeds`). No (B, mu), no points: it reads the
+    owner tables' sums (`ot`), and f_o depends only on the owner's stages, so the driver's
+    pre-floor (search/prefloor.py) computes each distinct owner's once per phase from its stage
+    ranges (`owner_staircase`, the same sums bit for bit) with the same kernels. The latency
     objective (r = 1/k) and a workload get 0: a workload's cost is its mean TPOT, which its lower
     tables (made for the percentile) do not bound (tests/test_template_floor.py found candidates
     below the floor). docs/search.md: the proof."""
@@ -214,17 +285,12 @@ def template_floor(p):
     if p.limits.latency_objective or p.traffic.knots.shape[0] > 0:
         return 0.0
     fp = FloorParts(configs=p.configs, fabric=p.fabric, grid=p.grid, limits=p.limits)
-    k, s, width = st.k, st.stage_owner.shape[0], p.configs.cfg_price.shape[0] * p.grid.mb_grid.shape[0]
-    ranges, off = np.empty((s, 2), np.int64), np.zeros(k + 1, np.int64)
-    for o in range(k):  # the stages grouped by owner, each owner's in stage order
-        off[o + 1] = off[o]
-        for j in range(s):
-            if st.stage_owner[j] == o:
-                ranges[off[o + 1], 0], ranges[off[o + 1], 1] = st.stage_start[j], st.stage_end[j]
-                off[o + 1] += 1
+    k, width = st.k, p.configs.cfg_price.shape[0] * p.grid.mb_grid.shape[0]
     ts, rs, cnt, rows = np.empty((k, width)), np.empty((k, width)), np.zeros(k, np.int64), np.arange(k)
+    sums = np.empty((3, p.configs.cfg_price.shape[0]))
     for o in range(k):
-        cnt[o] = owner_staircase(fp, st.cfg_ok[o], st.kv_units[o], ranges, off[o], off[o + 1], ts[o], rs[o])
+        sums[0], sums[1], sums[2] = ot.wown[o], ot.kvown[o], ot.kvcown[o]
+        cnt[o] = owner_choices(fp, st.cfg_ok[o], st.kv_units[o], sums, ot.total[o], ts[o], rs[o])
         if cnt[o] == 0:
             return np.inf
     return merge_floor(ts, rs, cnt, rows, 0, k, np.zeros(k, np.int64))
@@ -238,10 +304,11 @@ def phase_floors(fp, units, ok, st_off, ranges, t_off, t_own, seed):
     reserve rows `units` [C, B+] (a fixed context). The same kernels as `template_floor`, so the
     same floors bit for bit; pruned against `seed` as the walk prunes (`floor_prunes`)."""
     n_u, n_t = ok.shape[0], t_off.shape[0] - 1
-    width = fp.configs.cfg_price.shape[0] * fp.grid.mb_grid.shape[0]
-    ts, rs, cnt = np.empty((n_u, width)), np.empty((n_u, width)), np.zeros(n_u, np.int64)
+    n_cfg, n_mb = fp.configs.cfg_price.shape[0], fp.grid.mb_grid.shape[0]
+    ts, rs, cnt = np.empty((n_u, n_cfg * n_mb)), np.empty((n_u, n_cfg * n_mb)), np.zeros(n_u, np.int64)
+    sums, tot = np.zeros((3, n_cfg)), np.zeros((n_cfg, n_mb))
     for u in range(n_u):
-        cnt[u] = owner_staircase(fp, ok[u], units, ranges, st_off[u], st_off[u + 1], ts[u], rs[u])
+        cnt[u] = owner_staircase(fp, ok[u], units, ranges, st_off[u], st_off[u + 1], (sums, tot), (ts[u], rs[u]))
     most = 0
     for t in range(n_t):
         most = max(most, t_off[t + 1] - t_off[t])

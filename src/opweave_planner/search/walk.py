@@ -17,7 +17,7 @@ import numpy as np
 
 from opweave_planner.compile.problem import PRUNE_EPS, Problem, objective_flags
 from opweave_planner.jit import entry, kernel
-from opweave_planner.search.bounds import coupled_exceeds, floor_prunes, lower_bound, template_floor
+from opweave_planner.search.bounds import coupled_exceeds, floor_prunes, lower_bound, point_staircase, template_floor
 from opweave_planner.search.evaluate import (
     NODE_TOL,
     evaluate_into,
@@ -170,18 +170,39 @@ def _collect(p, ot, B, mu, pts):
     return rho_floor
 
 
+@kernel(inline=True, refcount=False)
+def _root_prunes(caps, ot, pts, sc, B, mu, opt_link):
+    """The bounds of a (B, mu) with every owner open, before the frontier and the sort (most of a
+    (B, mu)'s cost): the walk's bound at the owners' minima, then the coupled bound on
+    staircases built from the unsorted points. Both are the walk's own bounds at the root, and
+    the coupled one there is at most its value below any first owner's point (that point's r
+    is at least f_0 at the larger T bound), so they prune only (B, mu) whose every branch the
+    walk would prune: the same result, fewer frontiers, sorts and walks."""
+    k, thr = pts.count.shape[0], sc.best_f[3] * caps.cost_factor
+    r_rest = 0.0
+    for o in range(k):
+        point_minima(pts, o)
+        r_rest += pts.min_r[o]
+    t_lb, rsum, gpus = lower_bound(ot, pts, sc, 0, B, mu, opt_link[0], opt_link[1] + caps.transfer_fixed_min)
+    if t_lb > caps.slo or gpus > caps.gpus or t_lb * rsum > thr:
+        return True
+    for o in range(k):
+        point_staircase(pts, o, mu, 0.0 + r_rest, thr, caps.slo)
+    return coupled_exceeds(pts, 0, mu, t_lb, 0.0, r_rest, thr, caps.slo)
+
+
 @kernel(inline=True)
 def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
     # fixed / workload: the objective's flags from `objective_flags`, exactly one of them None;
     # the None one's branches are dropped at compile time, so each mode compiles only its own kernels
     sc = new_scratch(p, seed_cost)
     fab, lim = p.fabric, p.limits
-    if use_bnb and floor_prunes(template_floor(p), seed_cost, lim.prune_factor):
-        # no candidate can beat the seed: one prune for the template, before its owner tables
+    ot = owner_tables(p)
+    if use_bnb and floor_prunes(template_floor(p, ot), seed_cost, lim.prune_factor):
+        # no candidate can beat the seed: one prune for the template, from its owner tables' sums
         # (the driver's pre-floor, search/prefloor.py, skips the same templates unbuilt)
         sc.counters[C_BOUND] += 1
         return sc.best_f, sc.best_i, sc.counters
-    ot = owner_tables(p)
     pts = new_points(p)
     node_max, intra_max, tx_min = 0, 0.0, np.inf  # loops, not ndarray.max(): less to compile
     for c in range(fab.cfg_node.shape[0]):
@@ -202,13 +223,9 @@ def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
             # a single-node plan is still possible: bounds must assume the faster link
             one_node = k > 1 and B * rho_floor <= node_max + NODE_TOL
             opt_link = (max(fab.bw, intra_max), min(fab.lat, fab.intra_lat)) if one_node else (fab.bw, fab.lat)
-            if use_bnb:  # the root bound before the frontier and the sort (both quadratic)
-                for o in range(k):
-                    point_minima(pts, o)
-                t_lb, rsum, gpus = lower_bound(ot, pts, sc, 0, B, mu, opt_link[0], opt_link[1] + tx_min)
-                if t_lb > caps.slo or gpus > caps.gpus or t_lb * rsum > sc.best_f[3] * caps.cost_factor:
-                    sc.counters[C_BOUND] += 1
-                    continue
+            if use_bnb and _root_prunes(caps, ot, pts, sc, B, mu, opt_link):
+                sc.counters[C_BOUND] += 1
+                continue
             for o in range(k):
                 if use_pareto and pts.count[o] > 1:
                     pareto_filter(fab, ot, o, not one_node, pts, sc.counters)
@@ -235,7 +252,7 @@ def _search_workload(p, seed_cost, use_pareto, use_bnb):
 @entry
 def template_floor_of(p):
     """`template_floor` of a Problem (tests: it never exceeds the template's optimum)."""
-    return template_floor(p)
+    return template_floor(p, owner_tables(p))
 
 
 def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,
