@@ -67,7 +67,7 @@ class Phase:
     only_gpu: int | None = None
 
 
-def _search_one(ctx: Compiled, index: int, ph: Phase):
+def _search_one(ctx: Compiled, index: int, ph: Phase, floored: bool = False):
     from opweave_planner.search.walk import search_template
 
     tmpl = ctx.templates[index]
@@ -75,7 +75,7 @@ def _search_one(ctx: Compiled, index: int, ph: Phase):
     if req.max_stages is not None and splan.n_stages > req.max_stages:
         return None, Counters()
     prob = ctx.problem(tmpl, slo_us=ph.slo_us, latency_objective=ph.latency_objective, only_gpu=ph.only_gpu)
-    res = search_template(prob, ph.seed, req.pareto, req.bnb)
+    res = search_template(prob, ph.seed, req.pareto, req.bnb, floored)
     cand = None
     if res.found:
         cand = Candidate(template_index=index, template=tmpl, cost=res.cost, t_rtt_us=res.t_rtt,
@@ -89,11 +89,11 @@ _FLOORED = (None, Counters(pruned_by_bound=1))
 _WORKER: dict = {}
 
 
-def _worker_run(req: PlanRequest, indices: list[int], ph: Phase):
+def _worker_run(req: PlanRequest, indices: list[int], ph: Phase, floored: list[bool]):
     ctx = _WORKER.get(req)
     if ctx is None:
         ctx = _WORKER[req] = compile_request(req)
-    return [_search_one(ctx, i, ph) for i in indices]
+    return [_search_one(ctx, i, ph, f) for i, f in zip(indices, floored, strict=True)]
 
 
 def _better(a: Candidate | None, b: Candidate | None) -> Candidate | None:
@@ -159,13 +159,15 @@ class _Run:
     def _phase(self, ph: Phase) -> list[Candidate]:
         # templates the floor prunes, decided unbuilt: what the search kernel would return for them
         pruned = self.prefloor.pruned(ph)
+        checked = self.prefloor.checked(ph)  # the kept ones of these need no floor in the kernel
         kept = [i for i in ph.indices if i not in pruned]
         if self.jobs <= 1 or len(kept) < 2 * self.jobs:
-            runs = ([(i, _FLOORED if i in pruned else _search_one(self.ctx, i, ph))] for i in ph.indices)
+            runs = ([(i, _FLOORED if i in pruned else _search_one(self.ctx, i, ph, i in checked))]
+                    for i in ph.indices)
         else:
             if self.pool is None:
                 self.pool = self.stack.enter_context(process_pool(self.jobs))
-            runs = _pooled(self.ctx, kept, self.jobs, ph, self.pool)
+            runs = _pooled(self.ctx, kept, self.jobs, ph, self.pool, checked)
             if pruned:
                 runs = itertools.chain([[(i, _FLOORED) for i in ph.indices if i in pruned]], runs)
         found: dict[int, Candidate] = {}
@@ -182,11 +184,12 @@ class _Run:
         return [found[i] for i in sorted(found)]
 
 
-def _pooled(ctx: Compiled, rest: list[int], jobs: int, ph: Phase, pool):
+def _pooled(ctx: Compiled, rest: list[int], jobs: int, ph: Phase, pool, checked: frozenset[int]):
     """Chunks of templates on worker processes, yielded in a fixed order (same bytes as jobs=1)."""
     chunks = [rest[i::jobs * 4] for i in range(jobs * 4)]
     futures = [(ch, pool.submit(_worker_run, ctx.request, ch, Phase(tuple(ch), ph.seed, ph.slo_us,
-                                                                      ph.latency_objective, ph.only_gpu)))
+                                                                      ph.latency_objective, ph.only_gpu),
+                                [i in checked for i in ch]))
                for ch in chunks if ch]
     for ch, fut in futures:
         yield list(zip(ch, fut.result(), strict=True))

@@ -31,6 +31,7 @@ class PreFloor:
         self._ranges: list[tuple] = []
         self._ok: list[np.ndarray] = []  # per owner id: its cfg_ok row over every GPU type
         self._owners: dict[int, tuple[int, ...]] = {}  # template index -> its owners' ids
+        self._checked: tuple = (None, frozenset())  # (phase, the indices `pruned` floored in it)
 
     def applies(self, seed: float, latency_objective: bool) -> bool:
         ctx = self.ctx
@@ -50,7 +51,13 @@ class PreFloor:
         if not cands:
             return frozenset()
         floors = self.floors(cands, ph.slo_us, ph.only_gpu, ph.seed)[1]
+        self._checked = (ph, frozenset(cands))
         return frozenset(i for i, cut in zip(cands, floors, strict=True) if cut)
+
+    def checked(self, ph) -> frozenset[int]:
+        """The indices of `ph` whose floor the last `pruned(ph)` computed: the search kernel need
+        not floor the kept ones again (the same kernels, the same bits, the same seed)."""
+        return self._checked[1] if self._checked[0] == ph else frozenset()
 
     def floors(self, indices, slo_us: float, only_gpu: int | None, seed: float = math.inf):
         """(floors, pruned) of multi-stage templates `indices` (tests compare the floors with
