@@ -194,7 +194,7 @@ def _root_prunes(caps, ot, pts, sc, B, mu, opt_link):
     if t_lb > caps.slo or gpus > caps.gpus or t_lb * rsum > thr or split_exceeds(pts, mu, t_lb, thr, caps.slo):
         return True
     for o in range(k):
-        point_staircase(pts, o, mu, 0.0 + r_rest, thr, caps.slo)
+        point_staircase(pts, o, mu, r_rest, thr, caps.slo)
     return coupled_exceeds(pts, 0, mu, t_lb, 0.0, r_rest, thr, caps.slo)
 
 
