@@ -10,6 +10,7 @@ evaluator, at the optimistic microbatch and the fastest link still possible.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -104,6 +105,30 @@ def coupled_exceeds(pts, depth, mu, t_lb, r_fixed, r_min_rest, thr, slo_cap):
 
 
 @kernel(refcount=False)
+def split_exceeds(pts, mu, t_lb, thr, slo_cap):
+    """True when every complete assignment of this (B, mu) costs more than `thr` (or misses the
+    SLO), by two bounds that need no sort: one pass over each owner's points.
+
+    T >= max(t_lb, mu S_o) for every owner, so cost = T sum_o r_o >= sum_o max(t_lb, mu S_o) r_o,
+    at least the sum of each owner's least such term (`coupled_exceeds` at the root is at least
+    this, so it is its cheap first test); and T >= sum_o S_o (the loop), so cost >=
+    (sum_o S_o)(sum_o r_o) >= (sum_o sqrt(S_o r_o))^2 (Cauchy-Schwarz), each S_o r_o at least the
+    owner's least. A point with mu S > slo_cap cannot be part of a feasible plan."""
+    split, root = 0.0, 0.0
+    for o in range(pts.count.shape[0]):
+        least, sq = np.inf, np.inf
+        ptot, pr = pts.total[o], pts.r[o]
+        for a in range(pts.count[o]):
+            t = mu * ptot[a]
+            if t <= slo_cap:
+                least = min(least, max(t_lb, t) * pr[a])
+                sq = min(sq, ptot[a] * pr[a])
+        split += least
+        root += math.sqrt(sq)
+    return split > thr or root * root > thr
+
+
+@kernel(refcount=False)
 def point_staircase(pts, o, mu, rr, thr, slo_cap):
     """Owner o's staircase for `coupled_exceeds` (prof_t/prof_r/prof_n) from its points in any
     order, so the root can use the coupled bound before the frontier and the sort.
@@ -119,7 +144,8 @@ def point_staircase(pts, o, mu, rr, thr, slo_cap):
         if t <= slo_cap and t * rr <= thr:
             ts[n], rs[n] = ptot[a], pr[a]
             n += 1
-    pts.prof_n[o] = staircase_steps(ts, rs, n)
+    heapsort(ts, rs, pts.tmpi, n)  # tmpi: the sort's scratch, free until the points are sorted
+    pts.prof_n[o] = compact_steps(ts, rs, n)
 
 
 @kernel(inline=True)
@@ -139,48 +165,65 @@ class FloorParts(NamedTuple):
 
 
 @kernel(refcount=False)
-def owner_choices(fp, ok, units, sums, tot, ts, rs):
-    """One owner's floor staircase into ts/rs[:n]; returns n (0: the owner has no choice).
+def owner_sorted(fp, ok, tot, buf):
+    """An owner's floor choices, sorted by S into buf = (ts, rs, ci): returns their count.
 
-    ok is its cfg_ok row, units its reserve rows [C, B+], sums [3, C] its weight, KV-per-unit
-    and per-request KV bytes per GPU, tot [C, M] its stage-time sums (as `owner_tables` holds
-    them). A choice (configuration, microbatch b) counts if the owner may take the
-    configuration, b fits its memory at mu = 1 (the need grows with mu while the reserve per
-    resident count does not fall) and its stage-time sum S meets the SLO; its rate is
-    price tp / b. Out: the staircase's steps (`staircase_steps`), S ascending, each r the least
-    of any choice no slower."""
+    ok is its cfg_ok row, tot [C, M] its stage-time sums (as `owner_tables` holds them). A
+    choice is a (configuration c, microbatch b) the owner may take with b at most the largest
+    batch and S <= SLO; its rate is q = price tp / b (a point's r is q / mu); ci = c M + m.
+    What depends on mu is `owner_steps`' filter, so one sort serves every mu."""
     cf, tp, mb_grid, batches = fp.configs, fp.fabric.cfg_tp, fp.grid.mb_grid, fp.grid.batches
+    ts, rs, ci = buf
     top = 0
     for bi in range(batches.shape[0]):
         top = max(top, batches[bi])
-    slo_m = fp.limits.slo * (1.0 + FLOOR_MARGIN)
-    n = 0
+    slo_m, n_mb, n = fp.limits.slo * (1.0 + FLOOR_MARGIN), mb_grid.shape[0], 0
     for c in range(cf.cfg_price.shape[0]):
         if not ok[c]:
             continue
-        row = units[c]
-        grows = True
-        for i in range(1, row.shape[0]):
-            if row[i] < row[i - 1]:
-                grows = False
-        for m in range(mb_grid.shape[0]):
-            bh = mb_grid[m]
-            if bh > top or bh >= row.shape[0]:
-                continue
-            if grows and memory_need(row, sums[0, c], sums[1, c], sums[2, c], cf.cfg_ws[c], 1, bh) > cf.cfg_mem[c]:
-                continue
-            if tot[c, m] <= slo_m:
-                ts[n], rs[n] = tot[c, m], cf.cfg_price[c] * tp[c] / bh
+        for m in range(n_mb):
+            if mb_grid[m] <= top and tot[c, m] <= slo_m:
+                ts[n], rs[n], ci[n] = tot[c, m], cf.cfg_price[c] * tp[c] / mb_grid[m], c * n_mb + m
                 n += 1
-    return staircase_steps(ts, rs, n)
+    heapsort(ts, rs, ci, n)
+    return n
 
 
 @kernel(refcount=False)
-def owner_staircase(fp, ok, units, ranges, lo, hi, scratch, out):
-    """`owner_choices` of an owner given by its stages, rows lo..hi-1 of ranges [S, 2] (start,
-    end) in stage order, into out = (ts, rs); scratch = (sums [3, C], tot [C, M]). Sums run in
-    stage order, as `owner_tables` adds them (the same bits)."""
-    cf, (sums, tot) = fp.configs, scratch
+def owner_steps(fp, units, sums, buf, n, mu, ts, rs):
+    """One owner's floor staircase at mu into ts/rs[:w] from its sorted choices buf[:n]
+    (`owner_sorted`): (w, the least S x q of its choices at mu); w = 0: it has none.
+
+    units is its reserve rows [C, B+], sums [3, C] its weight, KV-per-unit and per-request KV
+    bytes per GPU. A choice counts at mu if mu b is at most the largest batch (B = mu n b), b
+    fits its memory at mu (the rule `build_points` applies, on the same sums) and mu S meets
+    the SLO (T >= mu S), so every point of any (B, mu) is one. Out: the steps of f(tau) = the
+    least q of a choice with S <= tau, S ascending, q strictly descending (`compact_steps`)."""
+    cf, mb_grid, batches = fp.configs, fp.grid.mb_grid, fp.grid.batches
+    bs, br, bi_ = buf
+    top = 0
+    for bi in range(batches.shape[0]):
+        top = max(top, batches[bi])
+    slo_m, n_mb, w, sq = fp.limits.slo * (1.0 + FLOOR_MARGIN), mb_grid.shape[0], 0, np.inf
+    for a in range(n):
+        c, m = bi_[a] // n_mb, bi_[a] % n_mb
+        bh, row = mb_grid[m], units[c]
+        if mu * bh > top or mu * bh >= row.shape[0] or mu * bs[a] > slo_m:
+            continue
+        if memory_need(row, sums[0, c], sums[1, c], sums[2, c], cf.cfg_ws[c], mu, bh) > cf.cfg_mem[c]:
+            continue
+        ts[w], rs[w] = bs[a], br[a]
+        sq = min(sq, bs[a] * br[a])
+        w += 1
+    return compact_steps(ts, rs, w), sq
+
+
+@kernel(refcount=False)
+def owner_sums(fp, ok, ranges, lo, hi, sums, tot):
+    """An owner's `owner_sorted` / `owner_steps` inputs from its stages, rows lo..hi-1 of ranges [S, 2]
+    (start, end) in stage order: sums [3, C] and tot [C, M], summed in stage order as
+    `owner_tables` adds them (the same bits)."""
+    cf = fp.configs
     for c in range(cf.cfg_price.shape[0]):
         if not ok[c]:
             continue
@@ -195,12 +238,11 @@ def owner_staircase(fp, ok, units, ranges, lo, hi, scratch, out):
             for j in range(lo, hi):
                 t += stage_time(cf.pref[c, m], ranges[j, 0], ranges[j, 1], cf.cfg_stage_fixed[c])
             tot[c, m] = t
-    return owner_choices(fp, ok, units, sums, tot, out[0], out[1])
 
 
 @kernel(inline=True, refcount=False)
-def _sift(ts, rs, a, n):
-    """Heap sift-down of entry a in ts/rs[:n] (a max-heap on ts)."""
+def _sift(ts, rs, ci, a, n):
+    """Heap sift-down of entry a in ts/rs/ci[:n] (a max-heap on ts)."""
     while True:
         c = 2 * a + 1
         if c >= n:
@@ -211,23 +253,30 @@ def _sift(ts, rs, a, n):
             return
         ts[a], ts[c] = ts[c], ts[a]
         rs[a], rs[c] = rs[c], rs[a]
+        ci[a], ci[c] = ci[c], ci[a]
         a = c
 
 
 @kernel(refcount=False)
-def staircase_steps(ts, rs, n):
-    """Reorder ts/rs[:n] so that ts/rs[:w] are the steps of f(tau) = min rs over ts <= tau; returns w.
-
-    A heapsort by ts (in place, O(n log n): an insertion sort of the ~10^3 floor choices was
-    most of a template's floor), then one pass keeps the end of each run of equal ts whose
-    running minimum r fell: S ascending, r strictly descending. Every breakpoint it drops
-    leaves every f_o as it was at a larger tau, so `merge_floor`'s minimum is the same bits."""
+def heapsort(ts, rs, ci, n):
+    """Sort ts/rs/ci[:n] by ts, in place, O(n log n) (an insertion sort of the ~10^3 floor
+    choices was most of a template's floor); the order among equal ts is any."""
     for a in range(n // 2 - 1, -1, -1):
-        _sift(ts, rs, a, n)
+        _sift(ts, rs, ci, a, n)
     for e in range(n - 1, 0, -1):
         ts[0], ts[e] = ts[e], ts[0]
         rs[0], rs[e] = rs[e], rs[0]
-        _sift(ts, rs, 0, e)
+        ci[0], ci[e] = ci[e], ci[0]
+        _sift(ts, rs, ci, 0, e)
+
+
+@kernel(refcount=False)
+def compact_steps(ts, rs, n):
+    """ts/rs[:n] sorted by ts -> the steps of f(tau) = min rs over ts <= tau in ts/rs[:w]; w.
+
+    Keeps the end of each run of equal ts whose running minimum r fell: S ascending, r strictly
+    descending. Every breakpoint it drops leaves every f_o as it was at a larger tau, so
+    `merge_floor`'s minimum is the same bits as on the whole sorted list."""
     w, least = 0, np.inf
     for a in range(n):
         least = min(least, rs[a])
@@ -265,55 +314,104 @@ def merge_floor(ts, rs, cnt, rows, lo, hi, idx):
         floor = min(floor, tau * total)
 
 
+@kernel(inline=True, refcount=False)
+def _loop_term(sq, own, lo, n, max_mu, mu, rows):
+    """(sum_o sqrt(sq_o))^2 / mu over the template's owners own[lo:lo + n] at mu, their rows
+    (u max_mu + mu - 1) into rows[:n]; inf when an owner has no choice (its sq is inf).
+
+    The loop's bound: T >= sum_o S_o (every stage once), so T sum_o q_o / mu >=
+    (sum_o S_o)(sum_o q_o) / mu >= (sum_o sqrt(S_o q_o))^2 / mu (Cauchy-Schwarz), each S_o q_o
+    at least the owner's least."""
+    root = 0.0
+    for j in range(n):
+        rows[j] = own[lo + j] * max_mu + mu - 1
+        root += math.sqrt(sq[rows[j]])
+    return root * root / mu
+
+
+@kernel(refcount=False)
+def least_floor(ts, rs, cnt, sq, own, span, max_mu, scratch):
+    """A template's floor: the least over mu of max(`merge_floor`, the loop term) of its owners
+    own[lo:hi] (span = (lo, hi)), owner u's staircase at mu in row u max_mu + mu - 1 of
+    ts/rs/cnt and its least S x q in sq; scratch = (idx, rows), two int arrays of the owners'
+    count. The mu of the least loop term goes first; a mu whose loop term is no less than the
+    least floor so far cannot lower it (its floor is at least that term), so its merge is
+    skipped: the same minimum, bit for bit."""
+    (lo, hi), (idx, rows) = span, scratch
+    n, first, least = hi - lo, 1, np.inf
+    for mu in range(1, max_mu + 1):
+        term = _loop_term(sq, own, lo, n, max_mu, mu, rows)
+        if term < least:
+            first, least = mu, term
+    floor = np.inf
+    for step in range(max_mu):
+        mu = (first - 1 + step) % max_mu + 1
+        term = _loop_term(sq, own, lo, n, max_mu, mu, rows)
+        if term < floor:
+            floor = min(floor, max(merge_floor(ts, rs, cnt, rows, 0, n, idx), term))
+    return floor
+
+
 @kernel
 def template_floor(p, ot):
-    """A lower bound of every candidate's cost in a template, from its owners' stages alone.
+    """A lower bound of every candidate's cost in a template, from its owner tables' sums.
 
-    A candidate costs T x sum_o r_o with r_o = price tp / (mu b_o), and T >= mu S_o for every
-    owner (its compute stream, as in `lower_bound`), so it costs at least
-    max_o S_o x sum_o price tp / b_o, whatever mu. Over the owners' (configuration, microbatch)
-    choices this is at least min over tau of tau x sum_o f_o(tau), f_o(tau) the least
-    price tp / b of the owner's choices with S_o <= tau (`owner_choices`, minimised on its
-    breakpoints by `merge_floor`, as in `coupled_exceeds`). No (B, mu), no points: it reads the
-    owner tables' sums (`ot`), and f_o depends only on the owner's stages, so the driver's
-    pre-floor (search/prefloor.py) computes each distinct owner's once per phase from its stage
-    ranges (`owner_staircase`, the same sums bit for bit) with the same kernels. The latency
-    objective (r = 1/k) and a workload get 0: a workload's cost is its mean TPOT, which its lower
-    tables (made for the percentile) do not bound (tests/test_template_floor.py found candidates
-    below the floor). docs/search.md: the proof."""
+    A candidate at (B, mu) costs T x sum_o r_o with r_o = q_o / mu, q_o = price tp / b_o, and
+    T >= mu S_o for every owner (its compute stream, as in `lower_bound`), so it costs at least
+    max_o S_o x sum_o q_o. Over the owners' choices at mu (`owner_steps`) this is at least
+    min over tau of tau x sum_o f_o(tau), f_o(tau) the least q of the owner's choices with
+    S_o <= tau (minimised on its breakpoints by `merge_floor`, as in `coupled_exceeds`); the
+    loop T >= sum_o S_o gives a second bound (`_loop_term`). The floor is the least over mu of
+    the larger of the two (`least_floor`). No (B, mu), no points; f_o depends only on the owner's stages, so
+    the driver's pre-floor (search/prefloor.py) computes each distinct owner's once per phase
+    from its stage ranges (`owner_sums`, the same sums bit for bit) with the same kernels. The
+    latency objective (r = 1/k) and a workload get 0: a workload's cost is its mean TPOT, which
+    its lower tables (made for the percentile) do not bound (tests/test_template_floor.py found
+    candidates below the floor). docs/search.md: the proof."""
     st = p.stages
     if p.limits.latency_objective or p.traffic.knots.shape[0] > 0:
         return 0.0
     fp = FloorParts(configs=p.configs, fabric=p.fabric, grid=p.grid, limits=p.limits)
-    k, width = st.k, p.configs.cfg_price.shape[0] * p.grid.mb_grid.shape[0]
-    ts, rs, cnt, rows = np.empty((k, width)), np.empty((k, width)), np.zeros(k, np.int64), np.arange(k)
-    sums = np.empty((3, p.configs.cfg_price.shape[0]))
+    k, width, max_mu = st.k, p.configs.cfg_price.shape[0] * p.grid.mb_grid.shape[0], p.grid.max_mu
+    ts, rs = np.empty((k * max_mu, width)), np.empty((k * max_mu, width))
+    cnt, sq, sums = np.zeros(k * max_mu, np.int64), np.empty(k * max_mu), np.empty((3, p.configs.cfg_price.shape[0]))
+    buf = (np.empty(width), np.empty(width), np.empty(width, np.int64))
     for o in range(k):
         sums[0], sums[1], sums[2] = ot.wown[o], ot.kvown[o], ot.kvcown[o]
-        cnt[o] = owner_choices(fp, st.cfg_ok[o], st.kv_units[o], sums, ot.total[o], ts[o], rs[o])
-        if cnt[o] == 0:
-            return np.inf
-    return merge_floor(ts, rs, cnt, rows, 0, k, np.zeros(k, np.int64))
+        n = owner_sorted(fp, st.cfg_ok[o], ot.total[o], buf)
+        for mu in range(1, max_mu + 1):
+            v = o * max_mu + mu - 1
+            cnt[v], sq[v] = owner_steps(fp, st.kv_units[o], sums, buf, n, mu, ts[v], rs[v])
+    scratch = (np.zeros(k, np.int64), np.zeros(k, np.int64))
+    return least_floor(ts, rs, cnt, sq, np.arange(k), (0, k), max_mu, scratch)
 
 
 @entry
 def phase_floors(fp, units, ok, st_off, ranges, t_off, t_own, seed):
-    """(floor, pruned) of many templates of one phase, each distinct owner's staircase built
+    """(floor, pruned) of many templates of one phase, each distinct owner's staircases built
     once (search/prefloor.py): owner u has cfg_ok row ok[u] and stages ranges[st_off[u]:
     st_off[u + 1]]; template t has owners t_own[t_off[t]:t_off[t + 1]]. Every owner shares the
     reserve rows `units` [C, B+] (a fixed context). The same kernels as `template_floor`, so the
     same floors bit for bit; pruned against `seed` as the walk prunes (`floor_prunes`)."""
-    n_u, n_t = ok.shape[0], t_off.shape[0] - 1
+    n_u, n_t, max_mu = ok.shape[0], t_off.shape[0] - 1, fp.grid.max_mu
     n_cfg, n_mb = fp.configs.cfg_price.shape[0], fp.grid.mb_grid.shape[0]
-    ts, rs, cnt = np.empty((n_u, n_cfg * n_mb)), np.empty((n_u, n_cfg * n_mb)), np.zeros(n_u, np.int64)
+    # row u * max_mu + mu - 1: owner u's staircase at mu
+    ts, rs = np.empty((n_u * max_mu, n_cfg * n_mb)), np.empty((n_u * max_mu, n_cfg * n_mb))
+    cnt, sq = np.zeros(n_u * max_mu, np.int64), np.empty(n_u * max_mu)
     sums, tot = np.zeros((3, n_cfg)), np.zeros((n_cfg, n_mb))
+    buf = (np.empty(n_cfg * n_mb), np.empty(n_cfg * n_mb), np.empty(n_cfg * n_mb, np.int64))
     for u in range(n_u):
-        cnt[u] = owner_staircase(fp, ok[u], units, ranges, st_off[u], st_off[u + 1], (sums, tot), (ts[u], rs[u]))
+        owner_sums(fp, ok[u], ranges, st_off[u], st_off[u + 1], sums, tot)
+        n = owner_sorted(fp, ok[u], tot, buf)
+        for mu in range(1, max_mu + 1):
+            v = u * max_mu + mu - 1
+            cnt[v], sq[v] = owner_steps(fp, units, sums, buf, n, mu, ts[v], rs[v])
     most = 0
     for t in range(n_t):
         most = max(most, t_off[t + 1] - t_off[t])
-    idx, floors, pruned = np.zeros(most, np.int64), np.empty(n_t), np.zeros(n_t, np.bool_)
+    floors, pruned = np.empty(n_t), np.zeros(n_t, np.bool_)
+    scratch = (np.zeros(most, np.int64), np.zeros(most, np.int64))
     for t in range(n_t):
-        floors[t] = merge_floor(ts, rs, cnt, t_own, t_off[t], t_off[t + 1], idx)
+        floors[t] = least_floor(ts, rs, cnt, sq, t_own, (t_off[t], t_off[t + 1]), max_mu, scratch)
         pruned[t] = floor_prunes(floors[t], seed, fp.limits.prune_factor)
     return floors, pruned

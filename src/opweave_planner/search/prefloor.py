@@ -31,6 +31,8 @@ class PreFloor:
         self._ranges: list[tuple] = []
         self._ok: list[np.ndarray] = []  # per owner id: its cfg_ok row over every GPU type
         self._owners: dict[int, tuple[int, ...]] = {}  # template index -> its owners' ids
+        self._checked: tuple = (None, frozenset())  # (phase, the indices `pruned` floored in it)
+        self._layouts: dict[tuple[int, ...], tuple] = {}  # template indices -> `phase_floors` arrays
 
     def applies(self, seed: float, latency_objective: bool) -> bool:
         ctx = self.ctx
@@ -50,7 +52,13 @@ class PreFloor:
         if not cands:
             return frozenset()
         floors = self.floors(cands, ph.slo_us, ph.only_gpu, ph.seed)[1]
+        self._checked = (ph, frozenset(cands))
         return frozenset(i for i, cut in zip(cands, floors, strict=True) if cut)
+
+    def checked(self, ph) -> frozenset[int]:
+        """The indices of `ph` whose floor the last `pruned(ph)` computed: the search kernel need
+        not floor the kept ones again (the same kernels, the same bits, the same seed)."""
+        return self._checked[1] if self._checked[0] == ph else frozenset()
 
     def floors(self, indices, slo_us: float, only_gpu: int | None, seed: float = math.inf):
         """(floors, pruned) of multi-stage templates `indices` (tests compare the floors with
@@ -60,6 +68,19 @@ class PreFloor:
         ctx = self.ctx
         # the shared parts every multi-stage template's Problem gets: from one of them
         p = ctx.problem(ctx.templates[indices[0]], slo_us=slo_us, only_gpu=only_gpu)
+        ok, st_off, ranges, t_off, t_own = self._layout(tuple(indices))
+        if only_gpu is not None:
+            ok = ok & (ctx.tables.fabric.cfg_gpu == only_gpu)[None, :]
+        return phase_floors(FloorParts(configs=p.configs, fabric=p.fabric, grid=p.grid, limits=p.limits),
+                            np.ascontiguousarray(p.stages.kv_units[0]), ok, st_off, ranges, t_off, t_own,
+                            float(seed))
+
+    def _layout(self, indices: tuple[int, ...]) -> tuple:
+        """(ok, st_off, ranges, t_off, t_own) of `phase_floors` for these templates, built once per
+        index set (the single-type phases share one)."""
+        got = self._layouts.get(indices)
+        if got is not None:
+            return got
         t_own, t_off = [], [0]
         local: dict[int, int] = {}
         for i in indices:
@@ -71,14 +92,11 @@ class PreFloor:
         for u in used:
             ranges += self._ranges[u]
             st_off.append(len(ranges))
-        ok = np.array([self._ok[u] for u in used], np.bool_)
-        if only_gpu is not None:
-            ok &= (ctx.tables.fabric.cfg_gpu == only_gpu)[None, :]
         i64 = np.int64
-        return phase_floors(FloorParts(configs=p.configs, fabric=p.fabric, grid=p.grid, limits=p.limits),
-                            np.ascontiguousarray(p.stages.kv_units[0]), ok, np.array(st_off, i64),
-                            np.array(ranges, i64).reshape(-1, 2), np.array(t_off, i64), np.array(t_own, i64),
-                            float(seed))
+        got = self._layouts[indices] = (np.array([self._ok[u] for u in used], np.bool_), np.array(st_off, i64),
+                                        np.array(ranges, i64).reshape(-1, 2), np.array(t_off, i64),
+                                        np.array(t_own, i64))
+        return got
 
     def _owners_of(self, index: int) -> tuple[int, ...]:
         got = self._owners.get(index)

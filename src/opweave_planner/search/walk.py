@@ -17,7 +17,14 @@ import numpy as np
 
 from opweave_planner.compile.problem import PRUNE_EPS, Problem, objective_flags
 from opweave_planner.jit import entry, kernel
-from opweave_planner.search.bounds import coupled_exceeds, floor_prunes, lower_bound, point_staircase, template_floor
+from opweave_planner.search.bounds import (
+    coupled_exceeds,
+    floor_prunes,
+    lower_bound,
+    point_staircase,
+    split_exceeds,
+    template_floor,
+)
 from opweave_planner.search.evaluate import (
     NODE_TOL,
     evaluate_into,
@@ -173,8 +180,8 @@ def _collect(p, ot, B, mu, pts):
 @kernel(inline=True, refcount=False)
 def _root_prunes(caps, ot, pts, sc, B, mu, opt_link):
     """The bounds of a (B, mu) with every owner open, before the frontier and the sort (most of a
-    (B, mu)'s cost): the walk's bound at the owners' minima, then the coupled bound on
-    staircases built from the unsorted points. Both are the walk's own bounds at the root, and
+    (B, mu)'s cost): the walk's bound at the owners' minima, the split bound (one pass, no sort)
+    and then the coupled bound on staircases built from the unsorted points. Both are the walk's own bounds at the root, and
     the coupled one there is at most its value below any first owner's point (that point's r
     is at least f_0 at the larger T bound), so they prune only (B, mu) whose every branch the
     walk would prune: the same result, fewer frontiers, sorts and walks."""
@@ -184,21 +191,22 @@ def _root_prunes(caps, ot, pts, sc, B, mu, opt_link):
         point_minima(pts, o)
         r_rest += pts.min_r[o]
     t_lb, rsum, gpus = lower_bound(ot, pts, sc, 0, B, mu, opt_link[0], opt_link[1] + caps.transfer_fixed_min)
-    if t_lb > caps.slo or gpus > caps.gpus or t_lb * rsum > thr:
+    if t_lb > caps.slo or gpus > caps.gpus or t_lb * rsum > thr or split_exceeds(pts, mu, t_lb, thr, caps.slo):
         return True
     for o in range(k):
-        point_staircase(pts, o, mu, 0.0 + r_rest, thr, caps.slo)
+        point_staircase(pts, o, mu, r_rest, thr, caps.slo)
     return coupled_exceeds(pts, 0, mu, t_lb, 0.0, r_rest, thr, caps.slo)
 
 
 @kernel(inline=True)
-def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
+def _search(p, seed_cost, use_pareto, use_bnb, floored, fixed, workload):
     # fixed / workload: the objective's flags from `objective_flags`, exactly one of them None;
-    # the None one's branches are dropped at compile time, so each mode compiles only its own kernels
+    # the None one's branches are dropped at compile time, so each mode compiles only its own kernels;
+    # floored: the caller's pre-floor already found the floor below the seed (the same bits)
     sc = new_scratch(p, seed_cost)
     fab, lim = p.fabric, p.limits
     ot = owner_tables(p)
-    if use_bnb and floor_prunes(template_floor(p, ot), seed_cost, lim.prune_factor):
+    if use_bnb and not floored and floor_prunes(template_floor(p, ot), seed_cost, lim.prune_factor):
         # no candidate can beat the seed: one prune for the template, from its owner tables' sums
         # (the driver's pre-floor, search/prefloor.py, skips the same templates unbuilt)
         sc.counters[C_BOUND] += 1
@@ -236,17 +244,17 @@ def _search(p, seed_cost, use_pareto, use_bnb, fixed, workload):
 
 
 @entry
-def _search_fixed(p, seed_cost, use_pareto, use_bnb):
+def _search_fixed(p, seed_cost, use_pareto, use_bnb, floored):
     """`_search` of a fixed context. Each objective has its own entry, so each entry has one
     signature and its own cache file: the first-run notice can tell which objective is cached
     (jit.PLAN_ENTRIES), and two processes of different objectives never rewrite one index."""
-    return _search(p, seed_cost, use_pareto, use_bnb, True, None)
+    return _search(p, seed_cost, use_pareto, use_bnb, floored, True, None)
 
 
 @entry
-def _search_workload(p, seed_cost, use_pareto, use_bnb):
+def _search_workload(p, seed_cost, use_pareto, use_bnb, floored):
     """`_search` of a workload (see `_search_fixed`)."""
-    return _search(p, seed_cost, use_pareto, use_bnb, None, True)
+    return _search(p, seed_cost, use_pareto, use_bnb, floored, None, True)
 
 
 @entry
@@ -256,11 +264,14 @@ def template_floor_of(p):
 
 
 def search_template(p: Problem, seed_cost: float = math.inf, use_pareto: bool = True,
-                    use_bnb: bool = True) -> SearchResult:
-    """The cheapest SLO-feasible Selection of one template's Problem over every (B, mu)."""
+                    use_bnb: bool = True, floored: bool = False) -> SearchResult:
+    """The cheapest SLO-feasible Selection of one template's Problem over every (B, mu).
+
+    floored: the template floor is known not to prune at this seed (the driver's pre-floor ran
+    the same kernels on it), so the kernel does not compute it again."""
     fixed, _workload = objective_flags(p)
     run = _search_fixed if fixed else _search_workload
-    best_f, best_i, counters = run(p, float(seed_cost), bool(use_pareto), bool(use_bnb))
+    best_f, best_i, counters = run(p, float(seed_cost), bool(use_pareto), bool(use_bnb), bool(floored))
     # one copy of the winner's (cfg, replicas, mb) triples, its rows the Selection's arrays; plain
     # Python floats and ints through tolist (this runs once per template visit)
     k = p.stages.k
