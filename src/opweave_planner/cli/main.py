@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import sys
 
-import typer
-from typer.core import TyperGroup
+from opweave_planner.cli import heap
 
-from opweave_planner.cli.options import all_settings, with_settings
+if os.path.basename(sys.argv[0]).split(".")[0].removesuffix("-script") == "opweave-plan":
+    # the console script imports this module before `run` holds the collector: hold it already for
+    # typer's and the request model's import (84 young collections, 0.03-0.06 s of a plan's CPU)
+    heap.hold()
+
+import typer  # noqa: E402
+from typer.core import TyperGroup  # noqa: E402
+
+from opweave_planner.cli.options import all_settings, with_settings  # noqa: E402
 
 
 class _LazyGroup(TyperGroup):
@@ -68,8 +77,6 @@ def main(
         print(f"opweave-planner {__version__}")
         raise typer.Exit(0)
     if cli.invoked_subcommand is not None:
-        from opweave_planner.cli import heap
-
         heap.settle()  # a subcommand collects as it always did
         return
     from opweave_planner.errors import UserError
@@ -94,7 +101,6 @@ def main(
 
 def run() -> None:
     """Console-script entry: every ending maps to one stderr line and a documented exit code."""
-    from opweave_planner.cli import heap
     from opweave_planner.cli.guard import run_cli
 
     heap.hold()  # until the search starts (cli/heap.py)
