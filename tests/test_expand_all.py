@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from test_structure import _expand_by_definition
 
 from opweave_planner.inputs.model import load_model
 from opweave_planner.policies import templates_for
 from opweave_planner.structure import templates as tm
 from opweave_planner.structure.operators import build_sequence
 from opweave_planner.structure.templates import Template, expand, expand_all
-from test_structure import _expand_by_definition
 
 
 @pytest.mark.parametrize("name", ["gemma-3-27b", "deepseek-v3", "gpt-oss-120b", "qwen3-next-80b-a3b"])

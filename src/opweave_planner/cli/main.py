@@ -18,10 +18,10 @@ if os.path.basename(sys.argv[0]).split(".")[0].removesuffix("-script") == "opwea
     # typer's and the request model's import (84 young collections, 0.03-0.06 s of a plan's CPU)
     heap.hold()
 
-import typer  # noqa: E402
-from typer.core import TyperGroup  # noqa: E402
+import typer
+from typer.core import TyperGroup
 
-from opweave_planner.cli.options import all_settings, with_settings  # noqa: E402
+from opweave_planner.cli.options import all_settings, with_settings
 
 
 class _LazyGroup(TyperGroup):
