@@ -28,7 +28,7 @@ from opweave_planner.inputs.model import ModelSpec, load_model
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.policies import templates_for
 from opweave_planner.structure.operators import OperatorSequence, build_sequence
-from opweave_planner.structure.templates import StagePlan, Template, expand
+from opweave_planner.structure.templates import StagePlan, Template, expand, expand_all
 from opweave_planner.workload.law import ContextLaw
 
 
@@ -62,10 +62,16 @@ class Compiled:
         return int(self.tables.traffic.knots.size)
 
     def stage_plan(self, template: Template) -> StagePlan:
-        plans = self._cache.setdefault("plans", {})
-        if template not in plans:
-            plans[template] = expand(self.seq, template)
-        return plans[template]
+        """The template's plan; once `templates` is built (the search reads every one's plan) the
+        first call expands them all together (`expand_all`)."""
+        plans = self._cache.get("plans")
+        if plans is None:
+            every = self.__dict__.get("templates", ())
+            plans = self._cache["plans"] = dict(zip(every, expand_all(self.seq, every), strict=True))
+        got = plans.get(template)
+        if got is None:
+            got = plans[template] = expand(self.seq, template)
+        return got
 
     def problem(self, template: Template, *, slo_us: float | None = None, latency_objective: bool = False,
                 batches: tuple[int, ...] | None = None, only_gpu: int | None = None) -> Problem:

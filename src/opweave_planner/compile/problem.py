@@ -137,6 +137,9 @@ def _spec(hint) -> tuple[type, tuple[str, ...] | None]:
 #: per part, (field, dtype or type, dims or None) of each of its fields, in order
 SPECS = {part: tuple((f, *_spec(h)) for f, h in typing.get_type_hints(part, include_extras=True).items())
          for part in PARTS.values()}
+#: per part, (index, field, dims) of each of its array fields
+ARRAYS = {part: tuple((i, f, dims) for i, (f, _kind, dims) in enumerate(spec) if dims is not None)
+          for part, spec in SPECS.items()}
 #: field name -> index of its part
 PART_OF = {f: i for i, part in enumerate(PARTS.values()) for f in part._fields}
 
@@ -168,6 +171,9 @@ class Problem(_Tree):
     __slots__ = ()
 
     def __new__(cls, **given):
+        if given.keys() == PARTS.keys() and None not in given.values():  # every part whole (per template)
+            return tuple.__new__(cls, (given["stages"], given["configs"], given["fabric"], given["grid"],
+                                       given["limits"], given["traffic"]))
         return tuple.__new__(cls, _parts(given))
 
     def _replace(self, **given) -> Problem:
@@ -196,8 +202,16 @@ def typed_part(part):
     """`part` with every field at its annotated dtype, arrays C-contiguous and writable: numba
     types a read-only array apart, so a read-only field (a workload's cached KV reserve row)
     made every kernel taking the part compile again for it."""
-    return part._make(np.require(v, kind, ("C", "W")) if dims is not None else kind(v)
+    return part._make(_typed(v, kind) if dims is not None else kind(v)
                       for (_f, kind, dims), v in zip(SPECS[type(part)], part, strict=True))
+
+
+def _typed(v, kind):
+    """`np.require(v, kind, ("C", "W"))`: `v` itself where it already is such an array (what
+    np.require returns then, without its 3 µs of flag parsing: a template's Stages has seven)."""
+    if type(v) is np.ndarray and v.dtype == kind and v.flags.c_contiguous and v.flags.writeable:
+        return v
+    return np.require(v, kind, ("C", "W"))
 
 
 def typed(p: Problem) -> Problem:
@@ -215,32 +229,38 @@ def _check(cond: bool, what: str) -> None:
 
 
 def _check_shapes(part, size: dict) -> None:
-    for (name, _kind, dims), value in zip(SPECS[type(part)], part, strict=True):
-        if dims is None:
-            continue
-        _check(value.ndim == len(dims), f"{name} has {value.ndim} dimensions, not {len(dims)} ({' '.join(dims)})")
-        for axis, (dim, n) in enumerate(zip(dims, value.shape, strict=True)):
+    """Every array field's shape against its dims (the message is formatted on a failure only:
+    a template's Stages is checked on its first Problem, thousands a plan)."""
+    for at, name, dims in ARRAYS[type(part)]:
+        value = part[at]
+        shape = value.shape
+        if len(shape) != len(dims):
+            _check(False, f"{name} has {value.ndim} dimensions, not {len(dims)} ({' '.join(dims)})")
+        for axis, (dim, n) in enumerate(zip(dims, shape, strict=True)):
             if dim == "B+":
-                _check(n >= size[dim], f"{name} does not cover every batch (axis {axis}: {n} < {size[dim]})")
-            elif dim != "*":
-                _check(n == size[dim], f"{name} axis {axis} is {n}, not {dim} = {size[dim]}")
+                if n < size[dim]:
+                    _check(False, f"{name} does not cover every batch (axis {axis}: {n} < {size[dim]})")
+            elif dim != "*" and n != size[dim]:
+                _check(False, f"{name} axis {axis} is {n}, not {dim} = {size[dim]}")
 
 
 def check_problem(p: Problem, parts: tuple[str, ...] = tuple(PARTS)) -> Problem:
     """Assert every size rule the kernels rely on (they do not bounds-check), of the named parts
     (the compile room checks the parts its templates share once, the rest per template)."""
+    if not parts:
+        return p
     st, grid = p.stages, p.grid
     c_n, m_n, n1 = p.configs.pref.shape
     size = {"S": st.stage_owner.shape[0], "k": st.k, "C": c_n, "M": m_n, "N1": n1, "G": p.traffic.knots.shape[0],
             "B+": int(grid.batches.max()) + 1 if grid.batches.size else 0}
     for name in parts:
         _check_shapes(getattr(p, name), size)
-    if "stages" in parts:
-        owner = st.stage_owner
+    if "stages" in parts:  # as lists: a numpy reduction costs more than the whole list of a template
+        owner, start, end = st.stage_owner.tolist(), st.stage_start.tolist(), st.stage_end.tolist()
         _check(size["S"] >= 1 and st.k >= 1, "no stage or no owner")
-        _check(int(owner.min()) == 0 and int(owner.max()) == st.k - 1, "owners are not 0..k-1")
-        _check(int(st.stage_start.min()) >= 0 and int(st.stage_start.max()) < n1 and int(st.stage_end.min()) >= 0
-               and int(st.stage_end.max()) < n1, "stage ranges outside the operator sequence")
+        _check(min(owner) == 0 and max(owner) == st.k - 1, "owners are not 0..k-1")
+        _check(min(start) >= 0 and max(start) < n1 and min(end) >= 0 and max(end) < n1,
+               "stage ranges outside the operator sequence")
     if "grid" in parts:
         mb = grid.mb_grid
         _check(grid.batches.size >= 1 and int(grid.batches.min()) >= 1, "empty or non-positive batch grid")
