@@ -305,12 +305,15 @@ def _kept(masses: np.ndarray) -> tuple[int, int]:
     return int(keep[0]), int(keep[-1])
 
 
+@lru_cache(maxsize=64)
 def _classes(n: int, p_fin: float, p_below: float) -> tuple:
     """(b_m, kept m range, kept k range per m, their (m, k) count) of n slots: m ~ Binomial(n, p_fin)
-    finish, k ~ Binomial(n - m, p_below) of the others are below a window."""
+    finish, k ~ Binomial(n - m, p_below) of the others are below a window (cached: the choice of law,
+    kv_split_terms, reads it just before the law itself; read-only)."""
     bm = _binomial(n, p_fin)
     m_lo, m_hi = _kept(bm)
     ks = {m: _kept(_binomial(n - m, p_below)) for m in range(m_lo, m_hi + 1)}
+    bm.setflags(write=False)
     return bm, m_lo, m_hi, ks, sum(b - a + 1 for a, b in ks.values())
 
 
@@ -458,8 +461,10 @@ def _bins(workload: ContextLaw, per_token: float, windows: tuple[tuple[int, floa
     step = max(per_token if per_token > 0 else grow_below, (float(xs[hi]) - x_lo) / (grid - 1))
     grid = math.floor((float(xs[hi]) - x_lo) / step + 0.5) + 1
 
+    bin_of = np.clip(np.floor((xs - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)  # each context's bin
+
     def binned(w: np.ndarray) -> np.ndarray:
-        k = np.clip(np.floor((xs[: w.size] - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)
+        k = bin_of[: w.size]
         return np.bincount(k[w > 0], weights=w[w > 0], minlength=grid)
 
     a1, f1 = binned(arrive), binned(last)
