@@ -110,6 +110,8 @@ def _kv_sum_bounds(
 ) -> tuple[float, float]:
     from scipy.fft import irfft, next_fast_len, rfft
 
+    from opweave_planner.workload.kvscan import quantile_index
+
     lo_c, hi_c = workload.min_context, workload.max_context
     ctx = np.arange(lo_c, hi_c + 1)
     x = kv_bytes(ctx, per_token, windows, fixed)
@@ -123,10 +125,12 @@ def _kv_sum_bounds(
     one = np.bincount(k, weights=w, minlength=grid)
     size = n * (grid - 1) + 1
     nfft = next_fast_len(size, real=True)
-    total = np.clip(irfft(_power(rfft(one, nfft), n), nfft)[:size], 0.0, None)
-    cdf = np.cumsum(total)
-    cdf /= cdf[-1]
-    kq = int(min(np.searchsorted(cdf, q - 1e-12, side="left"), size - 1))
+    raw = irfft(_power(rfft(one, nfft), n), nfft)
+    kq = quantile_index(raw, size, q - 1e-12)  # the cdf of raw[:size] clipped at 0, in one scan
+    if kq < 0:  # no mass left (never on a law): the arrays' own answer
+        cdf = np.cumsum(np.clip(raw[:size], 0.0, None))
+        cdf /= cdf[-1]
+        kq = int(min(np.searchsorted(cdf, q - 1e-12, side="left"), size - 1))
     hi = n * x_min + kq * h
     return max(n * x_min, hi - n * h), hi
 
@@ -332,15 +336,14 @@ def _term(s: float, m: int, grid: int, small: int, cdf_f, tail) -> np.ndarray:
     sums of m finishing / arriving requests, `cdf_f` and `tail` = P(A > k - 1) their laws)."""
     from scipy.fft import rfft
 
+    from opweave_planner.workload.kvscan import term_values
+
     span = m * (grid - 1) + math.ceil(s) + 2
-    x = np.arange(span, dtype=np.float64)
     if m == 0:
-        g_f = np.ones(span)
-        surv_a = np.clip(s - x, 0.0, 1.0)  # A = 0: P(0 > x - s), linear within a bin
-    else:
-        g_f = np.concatenate([cdf_f, np.ones(span - cdf_f.size)])
-        surv_a = np.interp(x - s, np.arange(-1, tail.size - 1), tail, left=1.0, right=0.0)
-    return rfft(g_f * surv_a, small)
+        surv_a = np.clip(s - np.arange(span, dtype=np.float64), 0.0, 1.0)  # A = 0: P(0 > x - s), linear in a bin
+        return rfft(np.ones(span) * surv_a, small)
+    # cdf_f padded with ones times np.interp(x - s, arange(-1, tail.size - 1), tail, left=1, right=0)
+    return rfft(term_values(float(s), span, cdf_f, tail), small)
 
 
 @lru_cache(maxsize=1024)
@@ -394,11 +397,11 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
         weight[whole - at[0], np.arange(k.size)] = bk[k] * (1.0 - frac)
         weight[whole + 1 - at[0], np.arange(k.size)] += bk[k] * frac
         if fast:  # weight @ (k's transforms): each k's product made once and added to its two shifts
+            from opweave_planner.workload.kvscan import blend_into
+
             laws = np.zeros((at.size, small // 2 + 1), dtype=np.complex128)
-            for j in range(k.size):
-                prod = pow_a[n - m - k[j] - a0] * pow_b[k[j] - k_lo]
-                for i in np.flatnonzero(weight[:, j]):
-                    laws[i] += weight[i, j] * prod
+            for j in range(k.size):  # laws[i] += weight[i, j] * (the product, numpy's), where nonzero
+                blend_into(laws, np.ascontiguousarray(weight[:, j]), pow_a[n - m - k[j] - a0] * pow_b[k[j] - k_lo])
         else:
             laws = weight @ (pow_a[n - m - k - a0] * pow_b[k - k_lo])
         for i in np.flatnonzero(weight.any(axis=1)):
@@ -495,10 +498,12 @@ class _EndSums:
 
             grid = f1.size
             lm = next_fast_len(m * (grid - 1) + 1, real=True)
+            from opweave_planner.workload.kvscan import end_laws
+
             sf = np.clip(irfft(rfft(f1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
             sa = np.clip(irfft(rfft(a1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
-            cdf_f = np.minimum(np.cumsum(sf) / sf.sum(), 1.0)
-            tail = np.concatenate([[1.0], np.clip(1.0 - np.cumsum(sa) / sa.sum(), 0.0, 1.0)])  # P(A > k - 1)
+            # np.minimum(np.cumsum(sf) / sf.sum(), 1) and [1] + np.clip(1 - np.cumsum(sa) / sa.sum(), 0, 1)
+            cdf_f, tail = end_laws(sf, float(sf.sum()), sa, float(sa.sum()))  # P(F <= k), P(A > k - 1)
             cdf_f.setflags(write=False)
             tail.setflags(write=False)
             self.memo[m] = cdf_f, tail
