@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from opweave_planner.workload.kvscan import end_laws, quantile_index, term_values
+from opweave_planner.workload.kvscan import blend_into, end_laws, quantile_index, term_values
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -71,3 +71,19 @@ def test_end_laws_are_the_normalised_cumsums(seed):
         cdf_f, tail = end_laws(sf, float(sf.sum()), sa, float(sa.sum()))
         assert _same(cdf_f, np.minimum(np.cumsum(sf) / sf.sum(), 1.0))
         assert _same(tail, np.concatenate([[1.0], np.clip(1.0 - np.cumsum(sa) / sa.sum(), 0.0, 1.0)]))
+
+
+def test_blend_into_is_numpys_weighted_sum_of_complex_rows():
+    rng = np.random.default_rng(30)
+    for _ in range(200):
+        rows, size = int(rng.integers(1, 5)), int(rng.integers(1, 3000))
+        want = np.zeros((rows, size), np.complex128)
+        got = want.copy()
+        for _j in range(int(rng.integers(1, 6))):
+            prod = (rng.random(size) - 0.5) + 1j * (rng.random(size) - 0.5)
+            prod[rng.random(size) < 0.1] = 0.0
+            weights = rng.random(rows) * (rng.random(rows) < 0.7)
+            for i in np.flatnonzero(weights):
+                want[i] += weights[i] * prod
+            blend_into(got.view(np.float64), weights, prod.view(np.float64))
+        assert _same(got.view(np.float64), want.view(np.float64))

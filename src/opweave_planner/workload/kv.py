@@ -401,7 +401,8 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
 
             laws = np.zeros((at.size, small // 2 + 1), dtype=np.complex128)
             for j in range(k.size):  # laws[i] += weight[i, j] * (the product, numpy's), where nonzero
-                blend_into(laws, np.ascontiguousarray(weight[:, j]), pow_a[n - m - k[j] - a0] * pow_b[k[j] - k_lo])
+                blend_into(laws.view(np.float64), np.ascontiguousarray(weight[:, j]),
+                           (pow_a[n - m - k[j] - a0] * pow_b[k[j] - k_lo]).view(np.float64))
         else:
             laws = weight @ (pow_a[n - m - k - a0] * pow_b[k - k_lo])
         for i in np.flatnonzero(weight.any(axis=1)):

@@ -77,11 +77,11 @@ def end_laws(sf, f_total, sa, a_total):
 
 @entry
 def blend_into(laws, weights, prod):
-    """laws[i] += weights[i] * prod for each nonzero weight: numpy's float-times-complex product
-    ((w pr - 0 pi, w pi + 0 pr): w pr and w pi), added in place."""
+    """laws[i] += weights[i] * prod for each nonzero weight, on the float64 views of complex arrays
+    (numpy's float-times-complex product is (w pr - 0 pi, w pi + 0 pr): w pr and w pi), in place."""
     for i in range(weights.shape[0]):
         w = weights[i]
         if w != 0.0:
+            row = laws[i]
             for t in range(prod.shape[0]):
-                z = prod[t]
-                laws[i, t] += complex(w * z.real, w * z.imag)
+                row[t] += w * prod[t]
