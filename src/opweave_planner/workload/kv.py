@@ -366,7 +366,8 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
     # is done once
     a0 = max(0, n - m_hi - k_hi)
     small = next_fast_len((n - a0 - k_lo) * (grid - 1) + math.ceil(n * g_b) + 3, real=True)
-    wa_small, wb_small = rfft(wa1, small), rfft(wb1, small)
+    wa_small = rfft(wa1, small)
+    wb_small = rfft(wb1, small) if split else None  # the one-class law has no below-window class
     pow_a = np.empty((max(n - m - ks[m][0] - a0 for m in ks) + 1, small // 2 + 1), dtype=np.complex128)
     pow_a[0] = 1.0
     for e in range(1, pow_a.shape[0]):
@@ -468,8 +469,8 @@ def _bins(workload: ContextLaw, per_token: float, windows: tuple[tuple[int, floa
     bin_of = np.clip(np.floor((xs - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)  # each context's bin
 
     def binned(w: np.ndarray) -> np.ndarray:
-        k = bin_of[: w.size]
-        return np.bincount(k[w > 0], weights=w[w > 0], minlength=grid)
+        # the positive masses by bin (a zero added to a bin's sum of positive ones leaves it as it was)
+        return np.bincount(bin_of[: w.size], weights=np.where(w > 0, w, 0.0), minlength=grid)
 
     a1, f1 = binned(arrive), binned(last)
     s1 = binned(stat)
