@@ -87,3 +87,19 @@ def test_blend_into_is_numpys_weighted_sum_of_complex_rows():
                 want[i] += weights[i] * prod
             blend_into(got.view(np.float64), weights, prod.view(np.float64))
         assert _same(got.view(np.float64), want.view(np.float64))
+
+
+def test_int_power_is_numpys_complex_power_below_100():
+    from opweave_planner.workload.kvscan import int_power
+
+    rng = np.random.default_rng(40)
+    for _ in range(150):
+        size = int(rng.integers(1, 3000))
+        z = (rng.random(size) - 0.5) * 2 + 1j * (rng.random(size) - 0.5) * 2
+        z[rng.random(size) < 0.05] = 0.0
+        z[rng.random(size) < 0.05] = complex(-0.0, 0.3)
+        z[rng.random(size) < 0.02] = complex(-0.0, -0.0)
+        z[rng.random(size) < 0.02] = complex(1e-200, 1e-180)
+        z /= max(1.0, float(np.abs(z).max()))  # a law's transform: |z| <= 1
+        for n in (3, 4, 5, 64, 99, int(rng.integers(6, 99))):
+            assert _same((z**n).view(np.float64), int_power(z, n).view(np.float64)), n

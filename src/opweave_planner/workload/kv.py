@@ -140,7 +140,7 @@ def _power(z: np.ndarray, n: int) -> np.ndarray:
     bits there); at and past 100 numpy's complex power goes through exp(n log z), about 10x slower on
     the long transforms, where these squarings are as accurate (|z| <= 1: a law's transform)."""
     if n < 100:
-        return z**n
+        return _small_power(z, n)
     out, p = None, z
     while n:
         if n & 1:
@@ -149,6 +149,16 @@ def _power(z: np.ndarray, n: int) -> np.ndarray:
         if n:
             p = p * p
     return out
+
+
+def _small_power(z: np.ndarray, n: int) -> np.ndarray:
+    """z ** n for a whole n below 100, the same bits: numpy's own for 1 and 2 (its fast paths), else
+    its complex power's binary powers in one kernel (workload.kvscan.int_power)."""
+    if n < 3:
+        return z**n
+    from opweave_planner.workload.kvscan import int_power
+
+    return int_power(z, n)
 
 
 def kv_sum_quantile(
@@ -502,8 +512,9 @@ class _EndSums:
             lm = next_fast_len(m * (grid - 1) + 1, real=True)
             from opweave_planner.workload.kvscan import end_laws
 
-            sf = np.clip(irfft(rfft(f1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
-            sa = np.clip(irfft(rfft(a1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
+            power = _small_power if m < 100 else np.power  # z ** m, bit for bit
+            sf = np.clip(irfft(power(rfft(f1, lm), m), lm)[: m * (grid - 1) + 1], 0.0, None)
+            sa = np.clip(irfft(power(rfft(a1, lm), m), lm)[: m * (grid - 1) + 1], 0.0, None)
             # np.minimum(np.cumsum(sf) / sf.sum(), 1) and [1] + np.clip(1 - np.cumsum(sa) / sa.sum(), 0, 1)
             cdf_f, tail = end_laws(sf, float(sf.sum()), sa, float(sa.sum()))  # P(F <= k), P(A > k - 1)
             cdf_f.setflags(write=False)

@@ -85,3 +85,32 @@ def blend_into(laws, weights, prod):
             row = laws[i]
             for t in range(prod.shape[0]):
                 row[t] += w * prod[t]
+
+
+@entry
+def int_power(z, n):
+    """z ** n elementwise for a whole exponent 1 < n < 100: numpy's complex power there (npy_cpow:
+    binary powers, each product (ar br - ai bi, ar bi + ai br), a zero base gives zero)."""
+    out = np.empty_like(z)
+    for t in range(z.shape[0]):
+        ar, ai = z[t].real, z[t].imag
+        if ar == 0.0 and ai == 0.0:
+            out[t] = 0.0
+            continue
+        if n == 2:
+            out[t] = complex(ar * ar - ai * ai, ar * ai + ai * ar)
+            continue
+        if n == 3:
+            sr, si = ar * ar - ai * ai, ar * ai + ai * ar
+            out[t] = complex(ar * sr - ai * si, ar * si + ai * sr)
+            continue
+        qr, qi, pr, pi, mask = 1.0, 0.0, ar, ai, 1
+        while True:
+            if n & mask:
+                qr, qi = qr * pr - qi * pi, qr * pi + qi * pr
+            mask <<= 1
+            if n < mask:
+                break
+            pr, pi = pr * pr - pi * pi, pr * pi + pi * pr
+        out[t] = complex(qr, qi)
+    return out
