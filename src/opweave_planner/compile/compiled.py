@@ -113,7 +113,7 @@ class Compiled:
         kept = self._cache.setdefault("stages", {})
         st = kept.get(template)
         if st is None:
-            st = typed_part(stages(self.seq, splan, self.tables))
+            st = typed_part(stages(self.seq, splan, self.tables, memo=self._cache.setdefault("mixes", {})))
             kept[template] = st._replace(kv_units=None)
             return st, False
         return st._replace(kv_units=self._units(st, splan.n_stages == 1)), True
@@ -129,9 +129,11 @@ class Compiled:
             units = shared.get((st.k, one))
             if units is None:
                 units = shared[st.k, one] = np.ascontiguousarray(
-                    owner_units(self.tables, st.stage_owner, st.stage_start, st.stage_end, st.k, one), np.float64)
+                    owner_units(self.tables, st.stage_owner, st.stage_start, st.stage_end, st.k, one,
+                                self._cache.setdefault("mixes", {})), np.float64)
             return units
-        units = owner_units(self.tables, st.stage_owner, st.stage_start, st.stage_end, st.k, one)
+        units = owner_units(self.tables, st.stage_owner, st.stage_start, st.stage_end, st.k, one,
+                            self._cache.setdefault("mixes", {}))
         return np.ascontiguousarray(units, np.float64)
 
 

@@ -277,9 +277,10 @@ def knot_free(knot_lat: list[np.ndarray], c_n: int) -> np.ndarray:
     return free
 
 
-def stages(seq: OperatorSequence, plan: StagePlan, tables: Tables, only_gpu: int | None = None) -> Stages:
+def stages(seq: OperatorSequence, plan: StagePlan, tables: Tables, only_gpu: int | None = None,
+           memo: dict | None = None) -> Stages:
     """One template's stages over the request's configurations (`only_gpu`: every owner restricted
-    to the configurations of one GPU type index)."""
+    to the configurations of one GPU type index; `memo`: owner_units' mixes, kept by the caller)."""
     k = max(plan.owner) + 1
     start = np.array(plan.start, np.int64)
     end = np.array(plan.end, np.int64)
@@ -292,7 +293,7 @@ def stages(seq: OperatorSequence, plan: StagePlan, tables: Tables, only_gpu: int
         ok = ok & (tables.fabric.cfg_gpu == only_gpu)[None, :]
     return Stages(stage_owner=owner, stage_start=start, stage_end=end,
                   payload=np.array(boundary_payload(seq, plan)), cfg_ok=ok, k=k,
-                  kv_units=owner_units(tables, owner, start, end, k, plan.n_stages == 1))
+                  kv_units=owner_units(tables, owner, start, end, k, plan.n_stages == 1, memo))
 
 
 def owner_sum(pref: np.ndarray, owner: np.ndarray, start: np.ndarray, end: np.ndarray, o: int) -> np.ndarray:
@@ -318,19 +319,34 @@ def kv_mixes(kvpref: np.ndarray, kv_windows, owner, start, end, o: int) -> list:
     return [kv_mix(float(per[c]), {w: float(b[c]) for w, b in wins}) for c in range(c_n)]
 
 
-def owner_units(tables: Tables, owner, start, end, k: int, one: bool) -> np.ndarray:
+def owner_units(tables: Tables, owner, start, end, k: int, one: bool, memo: dict | None = None) -> np.ndarray:
     """[k, C, B+]: the reserve row of each owner in each configuration (Stages.kv_units; `one`: the
     one-stage template, whose resident counts include the batch caps': its rows are its own mixes'
-    over those counts, even full attention's, as Traffic.units holds the grid's counts only)."""
+    over those counts, even full attention's, as Traffic.units holds the grid's counts only).
+    `memo` keeps each owner's mixes by its stage ranges (one owner recurs in many templates)."""
     units = (tables.colocated_traffic if one else tables.traffic).units
     reserve = tables.colocated_reserve if one else tables.reserve
     out = np.empty((k, tables.per_config.kvpref.shape[0], units.size))
     out[:] = units
     for o in range(k if tables.kv_windows or (one and reserve is not None) else 0):
-        for c, mix in enumerate(owner_mixes(tables, owner, start, end, o)):
-            if one or mix != FULL:
-                out[o, c] = reserve.units(mix)
+        for c, mix in _owned_mixes(tables, owner, start, end, o, one, memo):
+            out[o, c] = reserve.units(mix)
     return out
+
+
+def _owned_mixes(tables: Tables, owner, start, end, o: int, one: bool, memo: dict | None) -> list:
+    """[(c, mix)] of owner o whose row is its mix's own (every mix in the one-stage template, else
+    those not FULL), from `memo` by the owner's stage ranges where given."""
+    key = None
+    if memo is not None:
+        js = np.flatnonzero(owner == o)
+        key = (one, start[js].tobytes(), end[js].tobytes())
+        if key in memo:
+            return memo[key]
+    got = [(c, mix) for c, mix in enumerate(owner_mixes(tables, owner, start, end, o)) if one or mix != FULL]
+    if key is not None:
+        memo[key] = got
+    return got
 
 
 def owner_ok(tables: Tables, owner: np.ndarray, start: np.ndarray, end: np.ndarray, k: int) -> np.ndarray:

@@ -110,6 +110,8 @@ def _kv_sum_bounds(
 ) -> tuple[float, float]:
     from scipy.fft import irfft, next_fast_len, rfft
 
+    from opweave_planner.workload.kvscan import quantile_index
+
     lo_c, hi_c = workload.min_context, workload.max_context
     ctx = np.arange(lo_c, hi_c + 1)
     x = kv_bytes(ctx, per_token, windows, fixed)
@@ -123,10 +125,12 @@ def _kv_sum_bounds(
     one = np.bincount(k, weights=w, minlength=grid)
     size = n * (grid - 1) + 1
     nfft = next_fast_len(size, real=True)
-    total = np.clip(irfft(_power(rfft(one, nfft), n), nfft)[:size], 0.0, None)
-    cdf = np.cumsum(total)
-    cdf /= cdf[-1]
-    kq = int(min(np.searchsorted(cdf, q - 1e-12, side="left"), size - 1))
+    raw = irfft(_power(rfft(one, nfft), n), nfft)
+    kq = quantile_index(raw, size, q - 1e-12)  # the cdf of raw[:size] clipped at 0, in one scan
+    if kq < 0:  # no mass left (never on a law): the arrays' own answer
+        cdf = np.cumsum(np.clip(raw[:size], 0.0, None))
+        cdf /= cdf[-1]
+        kq = int(min(np.searchsorted(cdf, q - 1e-12, side="left"), size - 1))
     hi = n * x_min + kq * h
     return max(n * x_min, hi - n * h), hi
 
@@ -136,7 +140,7 @@ def _power(z: np.ndarray, n: int) -> np.ndarray:
     bits there); at and past 100 numpy's complex power goes through exp(n log z), about 10x slower on
     the long transforms, where these squarings are as accurate (|z| <= 1: a law's transform)."""
     if n < 100:
-        return z**n
+        return _small_power(z, n)
     out, p = None, z
     while n:
         if n & 1:
@@ -145,6 +149,16 @@ def _power(z: np.ndarray, n: int) -> np.ndarray:
         if n:
             p = p * p
     return out
+
+
+def _small_power(z: np.ndarray, n: int) -> np.ndarray:
+    """z ** n for a whole n below 100, the same bits: numpy's own for 1 and 2 (its fast paths), else
+    its complex power's binary powers in one kernel (workload.kvscan.int_power)."""
+    if n < 3:
+        return z**n
+    from opweave_planner.workload.kvscan import int_power
+
+    return int_power(z, n)
 
 
 def kv_sum_quantile(
@@ -305,12 +319,15 @@ def _kept(masses: np.ndarray) -> tuple[int, int]:
     return int(keep[0]), int(keep[-1])
 
 
+@lru_cache(maxsize=64)
 def _classes(n: int, p_fin: float, p_below: float) -> tuple:
     """(b_m, kept m range, kept k range per m, their (m, k) count) of n slots: m ~ Binomial(n, p_fin)
-    finish, k ~ Binomial(n - m, p_below) of the others are below a window."""
+    finish, k ~ Binomial(n - m, p_below) of the others are below a window (cached: the choice of law,
+    kv_split_terms, reads it just before the law itself; read-only)."""
     bm = _binomial(n, p_fin)
     m_lo, m_hi = _kept(bm)
     ks = {m: _kept(_binomial(n - m, p_below)) for m in range(m_lo, m_hi + 1)}
+    bm.setflags(write=False)
     return bm, m_lo, m_hi, ks, sum(b - a + 1 for a, b in ks.values())
 
 
@@ -329,15 +346,14 @@ def _term(s: float, m: int, grid: int, small: int, cdf_f, tail) -> np.ndarray:
     sums of m finishing / arriving requests, `cdf_f` and `tail` = P(A > k - 1) their laws)."""
     from scipy.fft import rfft
 
+    from opweave_planner.workload.kvscan import term_values
+
     span = m * (grid - 1) + math.ceil(s) + 2
-    x = np.arange(span, dtype=np.float64)
     if m == 0:
-        g_f = np.ones(span)
-        surv_a = np.clip(s - x, 0.0, 1.0)  # A = 0: P(0 > x - s), linear within a bin
-    else:
-        g_f = np.concatenate([cdf_f, np.ones(span - cdf_f.size)])
-        surv_a = np.interp(x - s, np.arange(-1, tail.size - 1), tail, left=1.0, right=0.0)
-    return rfft(g_f * surv_a, small)
+        surv_a = np.clip(s - np.arange(span, dtype=np.float64), 0.0, 1.0)  # A = 0: P(0 > x - s), linear in a bin
+        return rfft(np.ones(span) * surv_a, small)
+    # cdf_f padded with ones times np.interp(x - s, arange(-1, tail.size - 1), tail, left=1, right=0)
+    return rfft(term_values(float(s), span, cdf_f, tail), small)
 
 
 @lru_cache(maxsize=1024)
@@ -360,7 +376,8 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
     # is done once
     a0 = max(0, n - m_hi - k_hi)
     small = next_fast_len((n - a0 - k_lo) * (grid - 1) + math.ceil(n * g_b) + 3, real=True)
-    wa_small, wb_small = rfft(wa1, small), rfft(wb1, small)
+    wa_small = rfft(wa1, small)
+    wb_small = rfft(wb1, small) if split else None  # the one-class law has no below-window class
     pow_a = np.empty((max(n - m - ks[m][0] - a0 for m in ks) + 1, small // 2 + 1), dtype=np.complex128)
     pow_a[0] = 1.0
     for e in range(1, pow_a.shape[0]):
@@ -391,11 +408,12 @@ def _kv_events(workload: ContextLaw, n: int, total_grid: int, per_token: float =
         weight[whole - at[0], np.arange(k.size)] = bk[k] * (1.0 - frac)
         weight[whole + 1 - at[0], np.arange(k.size)] += bk[k] * frac
         if fast:  # weight @ (k's transforms): each k's product made once and added to its two shifts
+            from opweave_planner.workload.kvscan import blend_into
+
             laws = np.zeros((at.size, small // 2 + 1), dtype=np.complex128)
-            for j in range(k.size):
-                prod = pow_a[n - m - k[j] - a0] * pow_b[k[j] - k_lo]
-                for i in np.flatnonzero(weight[:, j]):
-                    laws[i] += weight[i, j] * prod
+            for j in range(k.size):  # laws[i] += weight[i, j] * (the product, numpy's), where nonzero
+                blend_into(laws.view(np.float64), np.ascontiguousarray(weight[:, j]),
+                           (pow_a[n - m - k[j] - a0] * pow_b[k[j] - k_lo]).view(np.float64))
         else:
             laws = weight @ (pow_a[n - m - k - a0] * pow_b[k - k_lo])
         for i in np.flatnonzero(weight.any(axis=1)):
@@ -458,9 +476,11 @@ def _bins(workload: ContextLaw, per_token: float, windows: tuple[tuple[int, floa
     step = max(per_token if per_token > 0 else grow_below, (float(xs[hi]) - x_lo) / (grid - 1))
     grid = math.floor((float(xs[hi]) - x_lo) / step + 0.5) + 1
 
+    bin_of = np.clip(np.floor((xs - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)  # each context's bin
+
     def binned(w: np.ndarray) -> np.ndarray:
-        k = np.clip(np.floor((xs[: w.size] - x_lo) / step + 0.5), 0, grid - 1).astype(np.int64)
-        return np.bincount(k[w > 0], weights=w[w > 0], minlength=grid)
+        # the positive masses by bin (a zero added to a bin's sum of positive ones leaves it as it was)
+        return np.bincount(bin_of[: w.size], weights=np.where(w > 0, w, 0.0), minlength=grid)
 
     a1, f1 = binned(arrive), binned(last)
     s1 = binned(stat)
@@ -490,10 +510,13 @@ class _EndSums:
 
             grid = f1.size
             lm = next_fast_len(m * (grid - 1) + 1, real=True)
-            sf = np.clip(irfft(rfft(f1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
-            sa = np.clip(irfft(rfft(a1, lm) ** m, lm)[: m * (grid - 1) + 1], 0.0, None)
-            cdf_f = np.minimum(np.cumsum(sf) / sf.sum(), 1.0)
-            tail = np.concatenate([[1.0], np.clip(1.0 - np.cumsum(sa) / sa.sum(), 0.0, 1.0)])  # P(A > k - 1)
+            from opweave_planner.workload.kvscan import end_laws
+
+            power = _small_power if m < 100 else np.power  # z ** m, bit for bit
+            sf = np.clip(irfft(power(rfft(f1, lm), m), lm)[: m * (grid - 1) + 1], 0.0, None)
+            sa = np.clip(irfft(power(rfft(a1, lm), m), lm)[: m * (grid - 1) + 1], 0.0, None)
+            # np.minimum(np.cumsum(sf) / sf.sum(), 1) and [1] + np.clip(1 - np.cumsum(sa) / sa.sum(), 0, 1)
+            cdf_f, tail = end_laws(sf, float(sf.sum()), sa, float(sa.sum()))  # P(F <= k), P(A > k - 1)
             cdf_f.setflags(write=False)
             tail.setflags(write=False)
             self.memo[m] = cdf_f, tail
