@@ -350,8 +350,8 @@ def _term(s: float, m: int, grid: int, small: int, cdf_f, tail) -> np.ndarray:
 
     span = m * (grid - 1) + math.ceil(s) + 2
     if m == 0:
-        surv_a = np.clip(s - np.arange(span, dtype=np.float64), 0.0, 1.0)  # A = 0: P(0 > x - s), linear in a bin
-        return rfft(np.ones(span) * surv_a, small)
+        # A = 0: P(0 > x - s), linear in a bin; F = 0 has cdf 1 everywhere (x 1.0 changes no bit)
+        return rfft(np.clip(s - np.arange(span, dtype=np.float64), 0.0, 1.0), small)
     # cdf_f padded with ones times np.interp(x - s, arange(-1, tail.size - 1), tail, left=1, right=0)
     return rfft(term_values(float(s), span, cdf_f, tail), small)
 
