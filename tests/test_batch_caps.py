@@ -25,7 +25,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from opweave_planner.compile.problem import memory_need, stage_time
-from opweave_planner.compile.space import batch_caps, batch_set
+from opweave_planner.compile.space import batch_caps, batch_set, largest_fitting
 from opweave_planner.search.evaluate import evaluate, owner_need
 from opweave_planner.search.state import selection
 
@@ -180,3 +180,20 @@ def test_issue_30_plans_take_the_batch_the_grid_missed():
     assert grid.global_batch == 64 and grid.usd_per_million_tokens == l64.usd_per_million_tokens
     assert grid.search.space.batch_caps is False and grid.schema_version == "1.12"
     assert ll.search.space.batch_caps is None
+
+
+@settings(max_examples=400, **harness.SETTINGS)
+@given(st.integers(0, 300), st.integers(0, 300), st.one_of(st.none(), st.integers(-5, 320)))
+def test_a_guess_only_changes_which_batches_are_probed(top, last, guess):
+    """largest_fitting with any guess returns what bisection alone does, for every monotone fits."""
+    probes = []
+
+    def fits(b):
+        assert 1 <= b <= top  # never probes outside [1, hi]
+        probes.append(b)
+        return b <= last
+
+    got = largest_fitting(fits, top, guess)
+    assert got == min(last, top)
+    if guess is not None and 1 < guess <= top and guess == got < top:
+        assert len(probes) == 3  # fits(1), the guess, the one past it

@@ -273,3 +273,19 @@ def test_the_exact_laws_binning_shares_the_one_class_ones_bins_bit_for_bit():
         assert shared[-1] and len(shared) == len(alone)
         for a, b in zip(shared, alone, strict=True):
             assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+
+
+@pytest.mark.parametrize("mix", [FULL, (0.2, ((1024, 0.8),))])
+@pytest.mark.parametrize("q", [0.5, 0.99, 0.999999])
+def test_the_moment_bound_is_below_the_convolution_bound_at_every_count(mix, q):
+    """KvReserve.cheap (Cantelli, two moments) never exceeds KvReserve.below (the convolution) nor the
+    reserve itself: the batch caps reject a probe on it without changing which batch fits."""
+    wl = trace_workload(AZURE)
+    res = KvReserve(workload=wl, counts=(1,), top=1024, kv_quantile=q, preemptions_per_request=1e-4)
+    gaps = []
+    for n in (1, 2, 3, 7, 16, 100, 333, 1024):
+        cheap, below = res.cheap(n, mix), res.below(n, mix)
+        assert cheap <= below, (n, cheap, below)
+        gaps.append(cheap / below)
+        assert res.cheap(n, mix) <= res.at(n, mix) and res.cheap(n, mix) == res.at(n, mix)  # a known count: itself
+    assert max(gaps) > 0.9  # and not vacuous: within 10 % of the convolution at large counts

@@ -35,13 +35,20 @@ def microbatch_grid(req: PlanRequest, batches: Iterable[int] | None = None) -> t
     return tuple(sorted(values))
 
 
-def largest_fitting(fits, hi: int) -> int:
+def largest_fitting(fits, hi: int, guess: int | None = None) -> int:
     """The largest b in [1, hi] with fits(b), 0 if fits(1) is false; `fits` must be monotone
     (true up to some b, false after), which the memory rule is: its KV units never fall as
-    the resident count grows, and its other terms are nonnegative multiples of b."""
+    the resident count grows, and its other terms are nonnegative multiples of b.
+
+    `guess`, a b near the answer, only changes which b are probed: steps of 1, 2, 4, ... away
+    from it bracket the answer, then bisection as without it. The memory caps guess each mu's
+    from the last mu's resident count, so a cap costs about two probes instead of ten, and those
+    probe resident counts the workload reserve already computed."""
     if hi < 1 or not fits(1):
         return 0
     lo = 1
+    if guess is not None and 1 < guess <= hi:
+        lo, hi = _bracket(fits, lo, hi, guess)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if fits(mid):
@@ -49,6 +56,26 @@ def largest_fitting(fits, hi: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def _bracket(fits, lo: int, hi: int, guess: int) -> tuple[int, int]:
+    """(lo, hi) with fits(lo) true and every b above hi false, around `guess` (fits(lo) known)."""
+    step = 1
+    if fits(guess):
+        lo = guess
+        while lo < hi:
+            probe = min(hi, lo + step)
+            if not fits(probe):
+                return lo, probe - 1
+            lo, step = probe, 2 * step
+        return lo, hi
+    hi = guess - 1
+    while lo < hi:
+        probe = max(lo + 1, hi + 1 - step)
+        if fits(probe):
+            return probe, hi
+        hi, step = probe - 1, 2 * step
+    return lo, hi
 
 
 class Caps(NamedTuple):
@@ -69,12 +96,14 @@ def batch_caps(req: PlanRequest, n_configs: int, fits, stream=None) -> Caps:
     top, slo = max(req.batches), req.slo_ms * 1e3 * (1 + PRUNE_EPS)
     memory, by_slo = set(), set()
     for c in range(n_configs):
-        times = None
+        times, resident = None, 0
         for mu in range(1, req.max_microbatches + 1):
-            b = largest_fitting(lambda b, c=c, mu=mu: fits(c, mu, b), top // mu)
+            # the memory holds about the same resident count mu x b at every mu: start there
+            b = largest_fitting(lambda b, c=c, mu=mu: fits(c, mu, b), top // mu, resident // mu or None)
             if not b:
                 continue
             memory.add(mu * b)
+            resident = mu * b
             if stream is None:
                 continue
             if times is None:

@@ -161,12 +161,14 @@ def searched_batches(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wl: 
             [reserve.row(mix) for mix in kv_mixes(mem.kvpref, mem.windows, *whole, 0)])
     w, kv, kvc = mem.wpref[:, -1], mem.kvpref[:, -1], mem.kvcpref[:, -1]
 
-    lower = rows if wl is None else [row._replace(lower=True) for row in rows]
+    # the reserve's lower bounds first, cheapest first (the need grows with each): a probe past the
+    # memory costs no event law, most of them no convolution either
+    lower = [] if wl is None else [[row._replace(**{k: True}) for row in rows] for k in ("cheap", "lower")]
 
     def fits(c: int, mu: int, b: int) -> bool:
-        # the reserve's lower bound first (the need grows with it): a probe past the memory costs no event law
-        if memory_need(lower[c], w[c], kv[c], kvc[c], mem.cfg_ws[c], mu, b) > mem.cfg_mem[c]:
-            return False
+        for bound in lower:
+            if memory_need(bound[c], w[c], kv[c], kvc[c], mem.cfg_ws[c], mu, b) > mem.cfg_mem[c]:
+                return False
         return memory_need(rows[c], w[c], kv[c], kvc[c], mem.cfg_ws[c], mu, b) <= mem.cfg_mem[c]
 
     fixed, context = stage_fixed(configs, req), context_of(req, wl)

@@ -30,6 +30,7 @@ deterministic one). For a workload (`--workload`, docs/workloads.md):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
@@ -41,7 +42,7 @@ from opweave_planner.compile.space import microbatch_grid
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.structure.operators import Operator
 from opweave_planner.workload.edge import workload_spec
-from opweave_planner.workload.kv import kv_bytes, kv_events, kv_split_terms, kv_sum_bounds
+from opweave_planner.workload.kv import kv_bytes, kv_events, kv_moments, kv_split_terms, kv_sum_bounds
 from opweave_planner.workload.law import ContextLaw, scenarios
 from opweave_planner.workload.shaping import materialize
 
@@ -187,13 +188,24 @@ class KvReserve:
             return self.at(n, mix)  # known, or affine in the full-attention reserve
         return _reserve_floor(self, int(n), mix)
 
+    def cheap(self, n: int, mix: Mix = FULL) -> float:
+        """A lower bound of `below(n, mix)` from one request's KV mean and variance alone, no
+        convolution: where even it does not fit, neither does the reserve (most probes of the
+        batch caps' bisection are far above the memory)."""
+        if (int(n), mix) in self.memo:
+            return self.memo[int(n), mix]
+        return _reserve_cheap(self, int(n), mix)
+
 
 class ReserveRow(NamedTuple):
     reserve: KvReserve
     mix: Mix
     lower: bool = False  # read KvReserve.below instead
+    cheap: bool = False  # read KvReserve.cheap instead
 
     def __getitem__(self, n: int) -> float:
+        if self.cheap:
+            return self.reserve.cheap(n, self.mix)
         return self.reserve.below(n, self.mix) if self.lower else self.reserve.at(n, self.mix)
 
 
@@ -211,6 +223,29 @@ def _reserve_floor(res: KvReserve, n: int, mix: Mix) -> float:
     shortest = float(kv_bytes(wl.min_context, per_token, windows))
     tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
     return max(tail, longest + (n - 1) * shortest)
+
+
+def _reserve_cheap(res: KvReserve, n: int, mix: Mix) -> float:
+    """max(Cantelli's bound on the quantile, one at the longest context and n - 1 at the shortest).
+
+    The sum S of n requests' KV has mean n m and variance n v, and Cantelli's inequality gives
+    P(S <= n m - t) <= n v / (n v + t^2), below q' = q - 1e-6 once t^2 > n v (1 - q') / q': so
+    n m - t is below the q'-quantile of S, and so below the q-quantile that `kv_sum_bounds`
+    computes of the rounded-up sum (which dominates S) on its grid, whose cdf is off by far
+    less than the 1e-6 given away. A further 1e-9 of the mean's size covers the moments' rounding."""
+    wl, (per_token, windows) = res.workload, mix
+    longest = float(kv_bytes(wl.max_context, per_token, windows))
+    shortest = float(kv_bytes(wl.min_context, per_token, windows))
+    m, var = _mean_var(wl, mix)
+    q = res.kv_quantile - 1e-6
+    cantelli = n * m - math.sqrt(n * var * (1.0 - q) / q) - 1e-9 * n * abs(m) if q > 0 else -math.inf
+    return max(cantelli, longest + (n - 1) * shortest)
+
+
+@lru_cache(maxsize=64)
+def _mean_var(wl: ContextLaw, mix: Mix) -> tuple[float, float]:
+    m, var, _skew, _kurt = kv_moments(wl, *mix)
+    return m, var
 
 
 def _reserve_at(res: KvReserve, n: int, mix: Mix) -> float:
