@@ -2,9 +2,10 @@
 
 It lets the walk skip a whole template whose floor is above the seed, so it must be a valid lower
 bound of every candidate: checked against the brute force of tests/test_search_exact.py on random
-small instances, against every feasible candidate, not only the optimum. A workload gets no
-floor (0): its cost is the mean TPOT, which the percentile's lower tables do not bound. A seed just above the optimum still finds it (the skip keeps every template that
-could tie); a seed below the floor finds nothing, as the walk would.
+small instances, against every feasible candidate, not only the optimum, under a fixed context
+and under a workload (its mean TPOT, bounded by the lower tables as the walk's prune is). A seed
+just above the optimum still finds it (the skip keeps every template that could tie); a seed
+below the floor finds nothing, as the walk would.
 
 The driver's pre-floor (search/prefloor.py, `bounds.phase_floors`) decides the same skips before a
 template's Problem is built: its floors equal `template_floor_of` bit for bit (random instances
@@ -15,6 +16,7 @@ with it returns what one without it does, counters included, for --jobs 1 and 2.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,8 +39,8 @@ REL = 1e-9
 def _check(prob, inst):
     floor = template_floor_of(prob)
     best, feasible = brute_force(inst, problem=prob)
-    if prob.latency_objective or prob.knots.size:
-        assert floor == 0.0  # no bound: the latency objective, and a workload (its mean TPOT)
+    if prob.latency_objective:
+        assert floor == 0.0  # no bound: the latency objective
         return
     if best is None:
         event("infeasible")
@@ -85,14 +87,24 @@ def _phase_floors(prob, seed: float):
     own = np.tile(np.arange(st_.k, dtype=i64), 2)
     ranges = np.ascontiguousarray(np.stack([st_.stage_start[flat], st_.stage_end[flat]], axis=1))
     fp = FloorParts(configs=prob.configs, fabric=prob.fabric, grid=prob.grid, limits=prob.limits)
-    return phase_floors(fp, np.ascontiguousarray(st_.kv_units[0]), st_.cfg_ok, off, ranges,
+    units, u_units = np.ascontiguousarray(st_.kv_units), np.arange(st_.k, dtype=i64)  # each owner its own rows
+    return phase_floors(fp, (units, u_units), st_.cfg_ok, off, ranges,
                         np.array([0, st_.k, 2 * st_.k], i64), own, seed)
 
 
 @settings(max_examples=300, **SETTINGS)
 @given(instances(), st.sampled_from([0.5, 1.0, 1.0 + 1e-10, 2.0]))
 def test_the_phase_floor_is_the_template_floor_bit_for_bit(inst, scale):
-    prob = problem_of(inst)._replace(latency_objective=False)
+    _same_floors(problem_of(inst)._replace(latency_objective=False), scale)
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(workload_instances(), st.sampled_from([0.5, 1.0, 2.0]))
+def test_the_phase_floor_is_the_template_floor_bit_for_bit_under_a_workload(inst, scale):
+    _same_floors(workload_problem(inst)._replace(latency_objective=False), scale)
+
+
+def _same_floors(prob, scale):
     floor = template_floor_of(prob)
     seed = floor * scale if math.isfinite(floor) and floor > 0 else 1.0
     floors, pruned = _phase_floors(prob, seed)
@@ -104,14 +116,26 @@ def test_the_phase_floor_is_the_template_floor_bit_for_bit(inst, scale):
         assert not res.found and res.counters == Counters(pruned_by_bound=1)
 
 
-@pytest.fixture(scope="module")
-def small_request():
-    return compile_request(api.make_request("llama-3.1-8b", "30ms", "8k", gpus="h100,a100", max_owners=3,
-                                            batches=(8, 32, 128), tensor_parallel_sizes=(1, 2)))
+TRACE = str(Path(__file__).resolve().parent.parent / "examples" / "traces" / "mooncake-conversation-sample.jsonl")
+
+
+@pytest.fixture(scope="module", params=["fixed", "workload"])
+def small_request(request):
+    """A fixed context, and a workload of a sliding-window model (owners of different KV mixes
+    read different reserve rows)."""
+    if request.param == "fixed":
+        return compile_request(api.make_request("llama-3.1-8b", "30ms", "8k", gpus="h100,a100", max_owners=3,
+                                                batches=(8, 32, 128), tensor_parallel_sizes=(1, 2)))
+    return compile_request(api.make_request("gemma-3-12b", "30ms", None, gpus="h100,a100", max_owners=3,
+                                            batches=(8, 32, 128), tensor_parallel_sizes=(1, 2),
+                                            workload=TRACE, scale_ctx="16k"))
 
 
 def test_the_pre_floor_of_real_templates_is_the_kernels(small_request):
     ctx = small_request
+    if ctx.context_knots:  # owners of several mixes, so several reserve rows
+        assert len(PreFloor(ctx)._layout(tuple(i for i, t in enumerate(ctx.templates)
+                                                if ctx.stage_plan(t).n_stages > 1))[5]) > 1
     multi = [i for i, t in enumerate(ctx.templates) if ctx.stage_plan(t).n_stages > 1]
     pre = PreFloor(ctx)
     for only in (None, 0, 1):

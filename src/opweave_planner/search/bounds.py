@@ -365,11 +365,12 @@ def template_floor(p, ot):
     the larger of the two (`least_floor`). No (B, mu), no points; f_o depends only on the owner's stages, so
     the driver's pre-floor (search/prefloor.py) computes each distinct owner's once per phase
     from its stage ranges (`owner_sums`, the same sums bit for bit) with the same kernels. The
-    latency objective (r = 1/k) and a workload get 0: a workload's cost is its mean TPOT, which
-    its lower tables (made for the percentile) do not bound (tests/test_template_floor.py found
-    candidates below the floor). docs/search.md: the proof."""
+    latency objective (r = 1/k) gets 0. A workload's cost is its mean TPOT x sum r: its stage
+    times here are the lower tables at c_lb, which bound every scenario's mean per-microbatch
+    stage time (compile/traffic.py: Jensen on the convex minorant), the bound the walk's own
+    prune rests on, so its floor holds the same way. docs/search.md: the proof."""
     st = p.stages
-    if p.limits.latency_objective or p.traffic.knots.shape[0] > 0:
+    if p.limits.latency_objective:
         return 0.0
     fp = FloorParts(configs=p.configs, fabric=p.fabric, grid=p.grid, limits=p.limits)
     k, width, max_mu = st.k, p.configs.cfg_price.shape[0] * p.grid.mb_grid.shape[0], p.grid.max_mu
@@ -387,13 +388,14 @@ def template_floor(p, ot):
 
 
 @entry
-def phase_floors(fp, units, ok, st_off, ranges, t_off, t_own, seed):
+def phase_floors(fp, rows, ok, st_off, ranges, t_off, t_own, seed):
     """(floor, pruned) of many templates of one phase, each distinct owner's staircases built
-    once (search/prefloor.py): owner u has cfg_ok row ok[u] and stages ranges[st_off[u]:
-    st_off[u + 1]]; template t has owners t_own[t_off[t]:t_off[t + 1]]. Every owner shares the
-    reserve rows `units` [C, B+] (a fixed context). The same kernels as `template_floor`, so the
-    same floors bit for bit; pruned against `seed` as the walk prunes (`floor_prunes`)."""
-    n_u, n_t, max_mu = ok.shape[0], t_off.shape[0] - 1, fp.grid.max_mu
+    once (search/prefloor.py): owner u has cfg_ok row ok[u], stages ranges[st_off[u]:
+    st_off[u + 1]] and reserve rows units[u_units[u]] (rows = (units [M, C, B+], u_units): owners
+    of one KV mix share them; a fixed context has one); template t has owners t_own[t_off[t]:t_off[t + 1]]. The
+    same kernels as `template_floor`, so the same floors bit for bit; pruned against `seed` as
+    the walk prunes (`floor_prunes`)."""
+    (units, u_units), n_u, n_t, max_mu = rows, ok.shape[0], t_off.shape[0] - 1, fp.grid.max_mu
     n_cfg, n_mb = fp.configs.cfg_price.shape[0], fp.grid.mb_grid.shape[0]
     # row u * max_mu + mu - 1: owner u's staircase at mu
     ts, rs = np.empty((n_u * max_mu, n_cfg * n_mb)), np.empty((n_u * max_mu, n_cfg * n_mb))
@@ -405,7 +407,7 @@ def phase_floors(fp, units, ok, st_off, ranges, t_off, t_own, seed):
         n = owner_sorted(fp, ok[u], tot, buf)
         for mu in range(1, max_mu + 1):
             v = u * max_mu + mu - 1
-            cnt[v], sq[v] = owner_steps(fp, units, sums, buf, n, mu, ts[v], rs[v])
+            cnt[v], sq[v] = owner_steps(fp, units[u_units[u]], sums, buf, n, mu, ts[v], rs[v])
     most = 0
     for t in range(n_t):
         most = max(most, t_off[t + 1] - t_off[t])

@@ -4,13 +4,13 @@
 built its Problem and dispatched the search kernel (about 66 µs a template; with a tight seed
 most templates of a phase end there). The floor factorises by owner: an owner's staircase f_o
 depends only on its stages' operator ranges, the configurations it may take and the shared
-parts of the phase (configurations, grid, SLO, a fixed context's reserve row), and the same
+parts of the phase (configurations, grid, SLO) and its KV mix's reserve rows, and the same
 owners recur across thousands of templates. So each distinct owner's staircase is built once
 per phase and each template's floor is their merge (`bounds.phase_floors`, the same kernels as
 `template_floor`, so the same floors bit for bit and the same templates pruned; each still
 counts one `pruned_by_bound`). The driver runs it in the parent, so every `--jobs` skips the
-same set. Nothing to do for the latency objective and a workload (floor 0), without branch and
-bound, with an infinite seed, or for a one-stage template (its own grid: the kernel decides).
+same set. Nothing to do for the latency objective (floor 0), without branch and bound, with an
+infinite seed, or for a one-stage template (its own grid: the kernel decides).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from opweave_planner.compile.tables import owner_ok
+from opweave_planner.compile.tables import owner_mixes, owner_ok, owner_units
 
 
 class PreFloor:
@@ -30,14 +30,15 @@ class PreFloor:
         self._ids: dict[tuple, int] = {}  # an owner's (start, end) stage ranges -> its id
         self._ranges: list[tuple] = []
         self._ok: list[np.ndarray] = []  # per owner id: its cfg_ok row over every GPU type
+        self._unit_of: list[int] = []  # per owner id: its reserve rows' id
+        self._unit_ids: dict[tuple, int] = {}  # an owner's KV mix per configuration -> its rows' id
+        self._units: list[np.ndarray] = []  # per rows' id: the owner's Stages.kv_units row [C, B+]
         self._owners: dict[int, tuple[int, ...]] = {}  # template index -> its owners' ids
         self._checked: tuple = (None, frozenset())  # (phase, the indices `pruned` floored in it)
         self._layouts: dict[tuple[int, ...], tuple] = {}  # template indices -> `phase_floors` arrays
 
     def applies(self, seed: float, latency_objective: bool) -> bool:
-        ctx = self.ctx
-        return (ctx.request.bnb and not latency_objective and math.isfinite(seed) and ctx.context_knots == 0
-                and not ctx.tables.kv_windows)
+        return self.ctx.request.bnb and not latency_objective and math.isfinite(seed)
 
     def pruned(self, ph) -> frozenset[int]:
         """The indices of `ph` (a driver.Phase) whose template floor exceeds its seed."""
@@ -68,16 +69,15 @@ class PreFloor:
         ctx = self.ctx
         # the shared parts every multi-stage template's Problem gets: from one of them
         p = ctx.problem(ctx.templates[indices[0]], slo_us=slo_us, only_gpu=only_gpu)
-        ok, st_off, ranges, t_off, t_own = self._layout(tuple(indices))
+        ok, st_off, ranges, t_off, t_own, units, u_units = self._layout(tuple(indices))
         if only_gpu is not None:
             ok = ok & (ctx.tables.fabric.cfg_gpu == only_gpu)[None, :]
         return phase_floors(FloorParts(configs=p.configs, fabric=p.fabric, grid=p.grid, limits=p.limits),
-                            np.ascontiguousarray(p.stages.kv_units[0]), ok, st_off, ranges, t_off, t_own,
-                            float(seed))
+                            (units, u_units), ok, st_off, ranges, t_off, t_own, float(seed))
 
     def _layout(self, indices: tuple[int, ...]) -> tuple:
-        """(ok, st_off, ranges, t_off, t_own) of `phase_floors` for these templates, built once per
-        index set (the single-type phases share one)."""
+        """(ok, st_off, ranges, t_off, t_own, units, u_units) of `phase_floors` for these templates,
+        built once per index set (the single-type phases share one)."""
         got = self._layouts.get(indices)
         if got is not None:
             return got
@@ -88,14 +88,17 @@ class PreFloor:
                 t_own.append(local.setdefault(u, len(local)))
             t_off.append(len(t_own))
         used = sorted(local, key=local.get)
-        st_off, ranges = [0], []
+        st_off, ranges, rows = [0], [], {}
         for u in used:
             ranges += self._ranges[u]
             st_off.append(len(ranges))
+            rows.setdefault(self._unit_of[u], len(rows))
         i64 = np.int64
+        units = np.stack([self._units[r] for r in rows])  # the rows these owners read, in first use order
         got = self._layouts[indices] = (np.array([self._ok[u] for u in used], np.bool_), np.array(st_off, i64),
                                         np.array(ranges, i64).reshape(-1, 2), np.array(t_off, i64),
-                                        np.array(t_own, i64))
+                                        np.array(t_own, i64), units,
+                                        np.array([rows[self._unit_of[u]] for u in used], i64))
         return got
 
     def _owners_of(self, index: int) -> tuple[int, ...]:
@@ -117,6 +120,18 @@ class PreFloor:
                 self._ranges.append(key)
                 arr = np.array(key, np.int64).reshape(-1, 2)
                 self._ok.append(owner_ok(ctx.tables, np.zeros(len(key), np.int64), arr[:, 0], arr[:, 1], 1)[0])
+                self._unit_of.append(self._unit_row(arr))
             ids.append(u)
         got = self._owners[index] = tuple(ids)
+        return got
+
+    def _unit_row(self, arr: np.ndarray) -> int:
+        """The id of the reserve rows an owner of stage ranges `arr` [S, 2] reads: those its Problem
+        gets (tables.owner_units, one per KV mix of its configurations)."""
+        tables, zeros = self.ctx.tables, np.zeros(arr.shape[0], np.int64)
+        key = tuple(owner_mixes(tables, zeros, arr[:, 0], arr[:, 1], 0))
+        got = self._unit_ids.get(key)
+        if got is None:
+            got = self._unit_ids[key] = len(self._units)
+            self._units.append(owner_units(tables, zeros, arr[:, 0], arr[:, 1], 1, False)[0])
         return got
