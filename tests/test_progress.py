@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -293,3 +294,33 @@ def test_rate_eta_counts_from_the_first_report_in_any_units():
     clock.t += 9.0
     eta.update(200.0, 1000.0)
     assert eta.seconds() == pytest.approx(80.0)  # 800 units at 10 per second; since the start: 2x
+
+
+def test_a_kernels_cache_is_stale_when_any_module_it_imports_changes(tmp_path, monkeypatch):
+    """numba stamps an index with its own file's hash; `jit.source_stamp` covers every package
+    module the file imports, so an edit to bounds.py alone makes walk.py's cached search cold
+    (it has the floor compiled in) and leaves a module that does not import it warm."""
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    pkg = tmp_path / "src" / "opweave_planner"
+    shutil.copytree(Path(jit.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__", "_shipped"))
+    walk, other = pkg / "search" / "walk.py", pkg / "latency" / "ttft.py"
+    before = {f: jit.source_stamp(f) for f in (walk, other)}
+    assert before[walk] != hashlib.sha256(walk.read_bytes()).digest()  # more than its own bytes
+    version = jit._numba_version()
+    (name, line), = [q for q in jit._cached_functions(walk.read_text()) if q[0] == "_search_fixed"]
+    _fake_index(walk.parent / "__pycache__", walk, name, line, version, before[walk])
+    assert numba_cache_is_warm(walk, functions=(name,))
+    bounds = pkg / "search" / "bounds.py"
+    bounds.write_text(bounds.read_text() + "\n# an edit\n")
+    jit._imported_files.cache_clear()
+    assert jit.source_stamp(walk) != before[walk]
+    assert jit.source_stamp(other) == before[other]
+    assert not numba_cache_is_warm(walk, functions=(name,))
+
+
+def test_every_kernel_is_stamped_with_its_imports():
+    pytest.importorskip("numba")
+    from opweave_planner.search import walk
+
+    stamp = walk._search_fixed._cache._cache_file._source_stamp
+    assert stamp == jit.source_stamp(walk.__file__)

@@ -38,7 +38,8 @@ written once, in a module that does not import numba).
 
 Reliance on numba internals, stated once: `no_cpython_wrapper` and `no_cfunc_wrapper` are
 undocumented `njit` options, `_nrt` a private one, the cache check below reads numba's cache
-index format, `_tolerate_stale_index` wraps a dispatcher's private index reader,
+index format, `_restamp` sets its cache file's private `_source_stamp`,
+`_tolerate_stale_index` wraps a dispatcher's private index reader,
 `_unliteral_calls` its `get_call_template`, `_at_opt_level` its `compile` and the CPU
 codegen's private `_pass_builder` (where numba reads NUMBA_OPT for every pass pipeline), and
 `_skip_blas_probe` the BLAS check numba.np.arraymath runs at import (`_check_blas`, calling
@@ -56,11 +57,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import re
 import io
 import os
 import pickle
 import sys
 from collections.abc import Callable, Iterable
+from functools import lru_cache
 from pathlib import Path
 
 #: The options every kernel is compiled with.
@@ -106,7 +109,7 @@ def _decorator(fn, opts: dict):
     def apply(f):
         import numba
 
-        return _at_opt_level(_tolerate_stale_index(_unliteral_calls(numba.njit(**opts)(f))))
+        return _at_opt_level(_tolerate_stale_index(_restamp(_unliteral_calls(numba.njit(**opts)(f)))))
 
     return apply if fn is None else apply(fn)
 
@@ -198,6 +201,83 @@ def _give_pass_builders_our_level():
 
     _pass_builder.opweave_level = True
     codegen.CPUCodegen._pass_builder = _pass_builder
+
+
+def _restamp(dispatcher):
+    """Validate a kernel's cache with `source_stamp` of its module: numba stamps an index with the
+    SHA-256 of the kernel's own file only, yet a kernel's machine code has every callee, rule and
+    constant it reaches through other modules compiled in. An edit to bounds.py alone left
+    walk.py's cached search (the template floor inlined) running the old floor until its cache
+    was deleted; a checkout, pull or upgrade that changes only a callee did the same."""
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if cache_file is not None and hasattr(cache_file, "_source_stamp"):
+        cache_file._source_stamp = _stamp(Path(dispatcher.py_func.__code__.co_filename).resolve())
+    return dispatcher
+
+
+@lru_cache(maxsize=None)
+def _stamp(module_file: Path) -> bytes:
+    return source_stamp(module_file)
+
+
+def source_stamp(module_file: str | os.PathLike) -> bytes:
+    """SHA-256 over a module's source and that of every module of its package it imports, directly
+    or not (`from opweave_planner.x import y` and `import opweave_planner.x` anywhere in the file,
+    function bodies included): what numba may compile into its kernels. Files in path order."""
+    root, files = source_files(module_file)
+    if root is None:
+        return hashlib.sha256(files[0].read_bytes()).digest()
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.digest()
+
+
+def source_files(module_file: str | os.PathLike) -> tuple[Path | None, list[Path]]:
+    """(the folder holding the package, the files `source_stamp` reads, sorted); (None, [the file])
+    for a module outside the package."""
+    module_file = Path(module_file).resolve()
+    root = _package_root(module_file)
+    if root is None:
+        return None, [module_file]
+    seen, todo = {module_file}, [module_file]
+    while todo:
+        for dep in _imported_files(todo.pop(), root):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return root, sorted(seen)
+
+
+def _package_root(module_file: Path) -> Path | None:
+    """The folder holding the `opweave_planner` package that `module_file` is part of."""
+    for parent in module_file.parents:
+        if parent.name == "opweave_planner" and (parent / "jit.py").is_file():
+            return parent.parent
+    return None
+
+
+_FROM = re.compile(r"\bfrom\s+(opweave_planner(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n#]*)")
+_IMPORT = re.compile(r"\bimport\s+(opweave_planner(?:\.\w+)+)")
+
+
+@lru_cache(maxsize=None)
+def _imported_files(module_file: Path, root: Path) -> tuple[Path, ...]:
+    """The package's source files `module_file` imports (a name imported from a package may be one
+    of its modules). Read by pattern, not parsed (a few ms for the package, where ast took 70): a
+    match in a docstring only adds a file, which can only make a stale cache less likely."""
+    text = module_file.read_text(encoding="utf-8")
+    names = [m for m in _IMPORT.findall(text)]
+    for module, imported in _FROM.findall(text):
+        names.append(module)
+        names += [f"{module}.{n}" for n in re.findall(r"\w+", imported) if n != "as"]
+    out = []
+    for name in names:
+        base = root.joinpath(*name.split("."))
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                out.append(path.resolve())
+    return tuple(out)
 
 
 def _tolerate_stale_index(dispatcher):
@@ -362,8 +442,8 @@ def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
     """Whether numba will load ``module_file``'s kernels from its cache instead of compiling.
 
     An index (``*.nbi``) is fresh when the installed numba wrote it for this source (its
-    SHA-256 is in the index, as numba >= 0.6x stamps it; older numba stamps mtime, so an
-    index newer than the source counts). Warm: every one of ``functions`` (qualnames) has
+    `source_stamp` is in the index, as `_restamp` makes numba >= 0.6x stamp it; older numba stamps
+    mtime, so an index newer than every file `source_files` names counts). Warm: every one of ``functions`` (qualnames) has
     a fresh index, or, by default, at least one cached function does; functions a
     command never calls never get an index, and after a source edit the ones it calls are
     rewritten first. Never imports numba.
@@ -372,7 +452,7 @@ def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
     try:
         source = module_file.read_bytes()
         cached = _cached_functions(source.decode("utf-8"))
-        src_mtime = module_file.stat().st_mtime
+        src_mtime = max(f.stat().st_mtime for f in source_files(module_file)[1])
     except (OSError, SyntaxError, UnicodeDecodeError):
         return False
     if functions is not None:
@@ -384,7 +464,7 @@ def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
         return True
     version = _numba_version()
     folder = numba_cache_dir(module_file, environ)
-    digest = hashlib.sha256(source).digest()
+    digest = source_stamp(module_file)
     tag = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"
     fresh = [_index_is_fresh(folder / f"{module_file.stem}.{q}-{ln}.{tag}.nbi", version, digest, src_mtime)
              for q, ln in cached]
