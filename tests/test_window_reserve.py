@@ -20,7 +20,7 @@ from opweave_planner import api
 from opweave_planner.compile.compiled import compile_request
 from opweave_planner.compile.problem import memory_need, typed
 from opweave_planner.compile.tables import owner_mixes, owner_sum
-from opweave_planner.compile.traffic import EVENT_GRID, FULL, KV_SUM_GRID, NO_FIT, KvReserve
+from opweave_planner.compile.traffic import EVENT_GRID, FULL, KV_SUM_GRID, KvReserve
 from opweave_planner.workload.edge import trace_workload, workload_spec
 from opweave_planner.workload.kv import kv_bytes, kv_events, kv_sum_bounds, kv_sum_quantile
 from opweave_planner.workload.shaping import materialize
@@ -250,9 +250,6 @@ def test_every_owners_rows_are_its_mixs_reserve_at_every_count_it_reads(model):
             mixes = owner_mixes(ctx.tables, prob.stage_owner, prob.stage_start, prob.stage_end, o)
             for c, mix in enumerate(mixes):
                 for n in res.counts:
-                    if res.holds is not None and n > res.holds:  # no whole-model replica holds n
-                        assert float(prob.kv_units[o, c, n]) == NO_FIT
-                        continue
                     if (mix, n) not in seen:  # a fresh reserve once per (mix, count)
                         seen.add((mix, n))
                         assert float(prob.kv_units[o, c, n]) == _fresh_reserve(res, mix, n), (tmpl, o, c, n)
@@ -292,25 +289,3 @@ def test_the_moment_bound_is_below_the_convolution_bound_at_every_count(mix, q):
         gaps.append(cheap / below)
         assert res.cheap(n, mix) <= res.at(n, mix) and res.cheap(n, mix) == res.at(n, mix)  # a known count: itself
     assert max(gaps) > 0.9  # and not vacuous: within 10 % of the convolution at large counts
-
-
-def test_past_the_largest_memory_cap_no_one_stage_replica_holds_the_exact_reserve():
-    """The one-stage rows read NO_FIT past KvReserve.holds (the caps' largest resident count); there,
-    the exact reserve fits no configuration at any mu x b split either, so the search decides alike
-    (TP1: the memory binds below the grid's top)."""
-    req = api.make_request(**{**GEMMA, "tensor_parallel_sizes": (1,)})
-    ctx = compile_request(req)
-    tmpl = next(t for t in ctx.templates if ctx.stage_plan(t).n_stages == 1)
-    prob, t = ctx.problem(tmpl), ctx.tables
-    res, cf = t.colocated_reserve, t.colocated_configs
-    assert res.holds is not None and t.reserve.holds is None
-    past = [n for n in res.counts if n > res.holds]
-    assert past  # the grid's larger counts
-    mixes = owner_mixes(t, prob.stage_owner, prob.stage_start, prob.stage_end, 0)
-    for c, mix in enumerate(mixes):
-        for n in past[:4]:
-            assert prob.kv_units[0, c, n] == NO_FIT
-            for mu in (m for m in range(1, req.max_microbatches + 1) if n % m == 0):
-                need = memory_need(res.row(mix), cf.wpref[c, -1], cf.kvpref[c, -1], cf.kvcpref[c, -1],
-                                   cf.cfg_ws[c], mu, n // mu)
-                assert need > cf.cfg_mem[c], (c, n, mu)

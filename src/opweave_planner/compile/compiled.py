@@ -149,8 +149,8 @@ def compile_request(req: PlanRequest, hw: Hardware | None = None, model: ModelSp
     seq = build_sequence(model or load_model(req.model))
     wl = workload_of(req)
     reserve = kv_reserve(req, wl) if req.stochastic else None
-    batches, colocated, holds = searched_batches(seq, hw, req, wl if req.stochastic else None, reserve)  # grid + caps
-    wa = build_traffic(req, wl, colocated, reserve, holds) if req.stochastic else None
+    batches, colocated = searched_batches(seq, hw, req, wl if req.stochastic else None, reserve)  # grid + caps
+    wa = build_traffic(req, wl, colocated, reserve) if req.stochastic else None
     tables = build_tables(seq, hw, req, wa, batches, colocated)
     return Compiled(request=req, hw=hw, seq=seq, workload=wl, tables=tables._replace(
         per_config=typed_part(tables.per_config), fabric=typed_part(tables.fabric), grid=typed_part(tables.grid),

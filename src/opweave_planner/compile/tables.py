@@ -146,15 +146,14 @@ def stage_fixed(configs: tuple[Config, ...], req: PlanRequest) -> np.ndarray:
 
 
 def searched_batches(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wl: ContextLaw | None,
-                     reserve: KvReserve | None = None) -> tuple[tuple[int, ...], tuple[int, ...], int | None]:
-    """The batch sets the search walks, (every template's, the one-stage template's), and the largest
-    memory cap (None without caps): the request's grid, and that plus the caps of its
-    configurations (compile/space.py; `wl` None
+                     reserve: KvReserve | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The batch sets the search walks, (every template's, the one-stage template's): the
+    request's grid, and that plus the caps of its configurations (compile/space.py; `wl` None
     for --ctx, else the workload and `reserve` its `traffic.kv_reserve`, read in the whole-model
     replica's own KV mix: a workload has memory caps only, its TPOT being a percentile over
     scenarios, not one stream; --no-batch-caps: the grid)."""
     if not req.batch_caps:
-        return req.batches, req.batches, None
+        return req.batches, req.batches
     configs = configurations(seq, hw, req)
     mem = memory_parts(seq, configs, req, wl)
     whole = np.zeros(1, np.int64), np.zeros(1, np.int64), np.full(1, seq.n, np.int64)  # one owner, every operator
@@ -184,7 +183,7 @@ def searched_batches(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wl: 
         return stage_time(pref, 0, seq.n, fixed[c])
 
     caps = batch_caps(req, len(configs), fits, stream if wl is None else None)
-    return req.batches, batch_set(req, caps.memory, caps.slo), max(caps.memory, default=0)
+    return req.batches, batch_set(req, caps.memory, caps.slo)
 
 
 def build_tables(seq: OperatorSequence, hw: Hardware, req: PlanRequest, wa: WorkloadArrays | None,

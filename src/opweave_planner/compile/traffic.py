@@ -55,10 +55,6 @@ EVENT_GRID = 1 << 16  # the episode law's grid: on the Mooncake sample and the A
 EVENT_SPLIT_TERMS = 64  # the exact window-split event law up to this many (finishing, below-window)
 # terms; past it the one-class upper bound (on Azure at theta 1.2k, gemma-3-27b: +0.9 % at n = 8,
 # +0.13 % at n = 256 in reserved units)
-NO_FIT = 1e300  # a reserve no memory holds, finite (x 0 KV bytes is 0, not nan). Past `holds` it
-# stands in for the exact one: a whole-model replica holding n = mu x b residents fits only if b is
-# at most its cap at mu (memory grows with b), so n is at most mu x cap <= holds; no replica holds
-# such n either way, and their exact laws (a convolution and an event law each) are never made
 KNOTS = 32  # geometric knots over the law's support, plus its mean (never c_lb: the knots must not
 # depend on the grid, so `simulate` of one plan reproduces the search's figures)
 
@@ -127,10 +123,10 @@ def _knots(wl: ContextLaw, extra: tuple[float, ...]) -> np.ndarray:
 
 
 def build_traffic(req: PlanRequest, wl: ContextLaw, batches: tuple[int, ...] | None = None,
-                  reserve: KvReserve | None = None, holds: int | None = None) -> WorkloadArrays:
+                  reserve: KvReserve | None = None) -> WorkloadArrays:
     """The arrays of a workload request (`wl`: its `workload_of`) over the searched batch set
     (`batches`, default the request's grid; `reserve`: its `kv_reserve`, with the counts the
-    batch caps already probed; `holds`: their largest memory cap, `KvReserve.holds`)."""
+    batch caps already probed)."""
     batches = req.batches if batches is None else batches
     top = max(req.batches)
     draws = scenarios(wl, req.scenarios, top, req.seed)
@@ -138,7 +134,7 @@ def build_traffic(req: PlanRequest, wl: ContextLaw, batches: tuple[int, ...] | N
     cs[:, 1:] = np.cumsum(draws, axis=1)
     pct = req.percentile / 100.0
     c_lb = lower_context(cs, batches, req.max_microbatches, req.max_replicas, pct)
-    reserve = (kv_reserve(req, wl) if reserve is None else reserve).over(resident_counts(req, batches), holds)
+    reserve = (kv_reserve(req, wl) if reserve is None else reserve).over(resident_counts(req, batches))
     # the full-attention row over the grid's counts only: the one-stage template, the one reading the
     # caps' counts, reads its own rows (compile.tables.owner_units), so a model whose whole replica
     # has window layers computes no full-attention reserve there
@@ -164,9 +160,6 @@ class KvReserve:
     kv_quantile: float
     preemptions_per_request: float
     memo: dict = field(default_factory=dict, compare=False, repr=False)  # (n, mix) -> reserve
-    #: the most residents any configuration's whole-model replica holds (the batch caps' largest
-    #: memory cap; None: not known): `units` past it read NO_FIT (the one-stage template's reserve)
-    holds: int | None = None
 
     def at(self, n: int, mix: Mix = FULL) -> float:
         """The reserve of n resident requests in the units of `mix`."""
@@ -179,10 +172,9 @@ class KvReserve:
         """float64[top + 1]: `units[n]` for each resident count (read-only; cached per mix)."""
         return _reserve_units(self, mix)
 
-    def over(self, counts, holds: int | None = None) -> KvReserve:
-        """The same reserve (sharing what it computed) over other resident counts (`holds`: see the
-        field; only a whole-model replica's reserve may be given it)."""
-        return replace(self, counts=tuple(counts), holds=holds)
+    def over(self, counts) -> KvReserve:
+        """The same reserve (sharing what it computed) over other resident counts."""
+        return replace(self, counts=tuple(counts))
 
     def row(self, mix: Mix = FULL) -> ReserveRow:
         """`units(mix)` read lazily at any count (what memory_need indexes, for the batch caps)."""
@@ -276,7 +268,7 @@ def _reserve_units(res: KvReserve, mix: Mix) -> np.ndarray:
     longest = float(kv_bytes(res.workload.max_context, *mix))
     units = np.arange(res.top + 1, dtype=np.float64) * longest  # never read: every count is filled below
     for n in res.counts:
-        units[n] = res.at(n, mix) if res.holds is None or n <= res.holds else NO_FIT
+        units[n] = res.at(n, mix)
     units.setflags(write=False)
     return units
 
