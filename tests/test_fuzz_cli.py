@@ -228,7 +228,7 @@ def _write(path: Path, doc) -> Path:
     return path
 
 
-@settings(max_examples=budget(1.5))
+@settings(max_examples=budget(1.0))
 @given(tampered(), st.lists(pick([("--network-bandwidth", "4"), ("--network-latency", "0"),
                                   ("--json",), ("--network-bandwidth", "nan")]), max_size=2))
 def test_fuzz_tampered_plans_simulate_and_diff(tmp_path_factory, few_arrivals, case, extra):
@@ -365,7 +365,7 @@ def afd_argv(draw):
     return [*argv, "--json"]
 
 
-@settings(max_examples=budget(0.6))
+@settings(max_examples=budget(0.4))
 @given(afd_argv())
 def test_fuzz_afd(argv):
     check(run_cli(*argv))
