@@ -57,10 +57,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import re
 import io
 import os
 import pickle
+import re
 import sys
 from collections.abc import Callable, Iterable
 from functools import lru_cache
@@ -224,7 +224,11 @@ def source_stamp(module_file: str | os.PathLike) -> bytes:
     """SHA-256 over a module's source and that of every module of its package it imports, directly
     or not (`from opweave_planner.x import y` and `import opweave_planner.x` anywhere in the file,
     function bodies included): what numba may compile into its kernels. Files in path order."""
-    root, files = source_files(module_file)
+    return _digest(*source_files(module_file))
+
+
+def _digest(root: Path | None, files: list[Path]) -> bytes:
+    """`source_stamp` of the files `source_files` names."""
     if root is None:
         return hashlib.sha256(files[0].read_bytes()).digest()
     digest = hashlib.sha256()
@@ -267,7 +271,7 @@ def _imported_files(module_file: Path, root: Path) -> tuple[Path, ...]:
     of its modules). Read by pattern, not parsed (a few ms for the package, where ast took 70): a
     match in a docstring only adds a file, which can only make a stale cache less likely."""
     text = module_file.read_text(encoding="utf-8")
-    names = [m for m in _IMPORT.findall(text)]
+    names = _IMPORT.findall(text)
     for module, imported in _FROM.findall(text):
         names.append(module)
         names += [f"{module}.{n}" for n in re.findall(r"\w+", imported) if n != "as"]
@@ -452,7 +456,8 @@ def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
     try:
         source = module_file.read_bytes()
         cached = _cached_functions(source.decode("utf-8"))
-        src_mtime = max(f.stat().st_mtime for f in source_files(module_file)[1])
+        root, files = source_files(module_file)
+        src_mtime = max(f.stat().st_mtime for f in files)
     except (OSError, SyntaxError, UnicodeDecodeError):
         return False
     if functions is not None:
@@ -464,7 +469,7 @@ def numba_cache_is_warm(module_file: str | os.PathLike, environ=None,
         return True
     version = _numba_version()
     folder = numba_cache_dir(module_file, environ)
-    digest = source_stamp(module_file)
+    digest = _digest(root, files)
     tag = f"py{sys.version_info[0]}{sys.version_info[1]}{getattr(sys, 'abiflags', '')}"
     fresh = [_index_is_fresh(folder / f"{module_file.stem}.{q}-{ln}.{tag}.nbi", version, digest, src_mtime)
              for q, ln in cached]

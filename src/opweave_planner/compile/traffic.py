@@ -219,10 +219,13 @@ def _reserve_floor(res: KvReserve, n: int, mix: Mix) -> float:
     """max(quantile bound, one at the longest context and n - 1 at the shortest): `_reserve_at` less
     its event law."""
     wl, (per_token, windows) = res.workload, mix
-    longest = float(kv_bytes(wl.max_context, per_token, windows))
-    shortest = float(kv_bytes(wl.min_context, per_token, windows))
     tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
-    return max(tail, longest + (n - 1) * shortest)
+    return max(tail, _spread(wl, n, mix))
+
+
+def _spread(wl: ContextLaw, n: int, mix: Mix) -> float:
+    """One request at the longest context and n - 1 at the shortest: the least any reserve takes."""
+    return float(kv_bytes(wl.max_context, *mix)) + (n - 1) * float(kv_bytes(wl.min_context, *mix))
 
 
 def _reserve_cheap(res: KvReserve, n: int, mix: Mix) -> float:
@@ -233,13 +236,10 @@ def _reserve_cheap(res: KvReserve, n: int, mix: Mix) -> float:
     n m - t is below the q'-quantile of S, and so below the q-quantile that `kv_sum_bounds`
     computes of the rounded-up sum (which dominates S) on its grid, whose cdf is off by far
     less than the 1e-6 given away. A further 1e-9 of the mean's size covers the moments' rounding."""
-    wl, (per_token, windows) = res.workload, mix
-    longest = float(kv_bytes(wl.max_context, per_token, windows))
-    shortest = float(kv_bytes(wl.min_context, per_token, windows))
-    m, var = _mean_var(wl, mix)
+    m, var = _mean_var(res.workload, mix)
     q = res.kv_quantile - 1e-6
     cantelli = n * m - math.sqrt(n * var * (1.0 - q) / q) - 1e-9 * n * abs(m) if q > 0 else -math.inf
-    return max(cantelli, longest + (n - 1) * shortest)
+    return max(cantelli, _spread(res.workload, n, mix))
 
 
 @lru_cache(maxsize=64)
@@ -253,14 +253,12 @@ def _reserve_at(res: KvReserve, n: int, mix: Mix) -> float:
     if windows and max(w for w, _ in windows) <= wl.min_context:
         # no context is below a window: x(c) = per_token c + a constant, and so is every reserve
         return per_token * res.at(n, FULL) + n * sum(w * b for w, b in windows)
-    longest = float(kv_bytes(wl.max_context, per_token, windows))
-    shortest = float(kv_bytes(wl.min_context, per_token, windows))
     tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
     # the planner's event law alone: the one-class law bounds every crossing of the exact one from above,
     # so where the exact law is the planner's, making the one-class one first to skip the exact one where
     # even its reserve is below the quantile floor would not change the maximum (tests/test_window_reserve.py)
     events = event_law(wl, n, mix, fast=True).reserve(res.preemptions_per_request)
-    return max(tail, events, longest + (n - 1) * shortest)
+    return max(tail, events, _spread(wl, n, mix))
 
 
 @lru_cache(maxsize=64)
