@@ -31,6 +31,8 @@ COMMANDS = {
     "h100,a100": (*BASE, "--gpus", "h100,a100"),
     "workload": ("--model", "gemma-3-27b", "--slo", "60ms", "--gpus", "h100", "--workload",
                  "examples/traces/mooncake-conversation-sample.jsonl", "--scale-ctx", "32k"),
+    "workload-all": ("--model", "gemma-3-27b", "--slo", "60ms", "--workload",
+                     "examples/traces/mooncake-conversation-sample.jsonl", "--scale-ctx", "32k"),
     "regen": ("regen", "--matrix", "examples/matrix.toml", "--jobs", "2", "--out", "{tmp}"),
 }
 ETA = re.compile(r"ETA ((?:\d+ h \d+ min)|(?:\d+ min \d+ s)|(?:[\d.]+ s))")

@@ -25,7 +25,7 @@ def test_summary_and_progress_reach_a_log_that_is_not_a_terminal():
     res = cli(*TINY)  # stderr is a pipe here, as in `2> log`
     assert res.returncode == 0, res.stderr
     json.loads(res.stdout)  # the plan on stdout
-    assert "search (template-equivalents of work):" in res.stderr and "done in" in res.stderr  # plain progress lines
+    assert "search (estimated work):" in res.stderr and "done in" in res.stderr  # plain progress lines
     text = " ".join(res.stderr.split())
     assert "USD/M tokens" in text and "measured share of the plan's latency" in text
     # this tiny plan is itself colocated: its alternatives are one plan, named once with every name

@@ -139,7 +139,7 @@ def test_the_pre_floor_of_real_templates_is_the_kernels(small_request):
     multi = [i for i, t in enumerate(ctx.templates) if ctx.stage_plan(t).n_stages > 1]
     pre = PreFloor(ctx)
     for only in (None, 0, 1):
-        floors, _pruned = pre.floors(multi, 30e3, only)
+        floors, _pruned, _factor = pre.floors(multi, 30e3, only)
         for i, f in zip(multi, floors, strict=True):
             assert f == template_floor_of(ctx.problem(ctx.templates[i], slo_us=30e3, only_gpu=only)), (only, i)
 

@@ -191,11 +191,13 @@ def plan(req: PlanRequest, jobs: int = 1, progress=None) -> Outcome:
     same search; with --prefer-simpler the plan is the simplest within that share of the
     optimum, and the optimum is listed too.
 
-    `progress(done, total)`, if given, is called after each batch of templates: `done` is the
-    work done so far as template-equivalents of the estimated work, non-decreasing, and `total`
-    is always given (the template count; the last call has done == total). The first call
-    comes after the colocated template (which carries cache loading): `report.Progress`'s ETA
-    is the rate since that call, shown once `search.driver.ETA_AFTER` (5 %) moved after it.
+    `progress(done, total)`, if given, is called after each batch of templates and at each
+    phase's end: `done` is the estimated work done so far (hundredths of a unit,
+    `search.driver.template_work`), non-decreasing; `total` is always given, never below done:
+    done plus the work foreseen at the seeds known so far, so it shrinks when a phase's seed
+    lets the template floors skip more; the last call has done == total. The first call comes
+    after the colocated template (which carries cache loading): `report.Progress`'s ETA is the
+    rate since that call, shown once `search.driver.ETA_AFTER` (5 %) moved after it.
     """
     from opweave_planner.compile import compile_request
     from opweave_planner.inputs.request import Policy

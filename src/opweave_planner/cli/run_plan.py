@@ -50,7 +50,7 @@ def run_plan(settings: dict, *, out, fmt, jobs, quiet) -> None:
 
     heap.settle()  # the planner is loaded: freeze it, collect the search's garbage
     start = time.perf_counter()
-    with report.Progress("search (template-equivalents of work)", enabled=not quiet, eta_after=ETA_AFTER) as bar:
+    with report.Progress("search (estimated work)", enabled=not quiet, eta_after=ETA_AFTER) as bar:
         outcome = api.plan(req, jobs=jobs, progress=bar)
     elapsed = time.perf_counter() - start
     result, infeasible = outcome.plan, outcome.infeasible

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from opweave_planner.compile.problem import Configs, Fabric, Grid, Limits
-from opweave_planner.jit import entry, kernel
+from opweave_planner.jit import entry, kernel, shared
 from opweave_planner.search.evaluate import memory_need, range_sum, stage_time, transfer_occupancy
 
 # the template floor sums in another order than the walk's bound: a relative margin far above
@@ -148,7 +148,7 @@ def point_staircase(pts, o, mu, rr, thr, slo_cap):
     pts.prof_n[o] = compact_steps(ts, rs, n)
 
 
-@kernel(inline=True)
+@shared
 def floor_prunes(floor, seed, factor):
     """A template floor above the seed x the prune factor (x (1 + FLOOR_MARGIN)): no candidate
     of the template can beat the seed (the walk's test and the driver's pre-floor, one rule)."""

@@ -14,6 +14,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from opweave_planner.compile import Compiled, compile_request
 from opweave_planner.inputs.request import PlanRequest
 from opweave_planner.procs import deferred_interrupts, process_pool
@@ -109,57 +111,104 @@ def _single_type(ctx: Compiled, cand: Candidate) -> bool:
     return len({int(ctx.tables.fabric.cfg_gpu[c]) for c in cand.selection.cfg}) == 1
 
 
-# work estimate of one template: its owners' point tables are built per configuration at
-# every (B, mu) and joined across owners, so about owners x configs^1.25. Fitted on
-# gemma-3-27b at 32k (2-core box, median ms per template): 4 configs 0.20 / 0.31 ms for 2 / 3
-# owners, 16 configs 1.1 / 1.8 ms, i.e. 17-19 us per unit in all four; the previous 2 + configs x
-# owners read the 16-config phase 1.7x too cheap
-CONFIG_EXPONENT = 1.25
+# work estimate of one template, in units of about 50 us: a searched template builds its owners'
+# point tables (per configuration, and per context knot under a workload) and walks them.
+# Measured per searched template on gemma-3-27b at 32k (2-core box, session 17, with the
+# pre-floor; benchmarks/bench_eta.py): a fixed context, 3 owners 0.14-0.16 / 0.20 / 0.21 ms over
+# 4 / 8 / 16 configurations (2 owners 0.09-0.13 / 0.19 / 0.27 ms); the mooncake workload (33
+# knots), 3 owners 1.14 / 5.37 ms over 4 / 16 (2 owners 1.07 / 5.05 ms). A template the floor
+# skips costs the loop only (about 2 us: its floor was computed before the first report).
+PER_CONFIG, PER_KNOT = 0.025, 0.068  # per owner: 1 + configs x (PER_CONFIG + PER_KNOT x knots)
+SKIPPED_WORK = 0.04
 # no ETA before this share of the estimated work is done after the first report (the colocated
 # template, which carries cache loading); from there the rate of work is measured, not guessed
 ETA_AFTER = 0.05
 
 
-def template_work(n_configs: int, owners: int) -> float:
-    """Estimated cost of searching one template whose owners choose among n_configs."""
-    return float(owners) * float(n_configs) ** CONFIG_EXPONENT
+def template_work(n_configs: int, owners: int, searched: bool = True, knots: int = 0) -> float:
+    """Estimated cost of one template whose owners choose among n_configs (with `knots` context
+    knots of a workload); a template the floor (or --max-stages) skips costs SKIPPED_WORK."""
+    return float(owners) * (1.0 + n_configs * (PER_CONFIG + PER_KNOT * knots)) if searched else SKIPPED_WORK
 
 
-def progress_report(done_work: float, total_work: float, templates: int) -> tuple[int, int]:
-    """What `progress(done, total)` is told: the work done as template-equivalents of the
-    estimated work (so an ETA from it scales with work, not with template count) and the total,
-    always the template count. The display's ETA is the rate since the first report, once
-    ETA_AFTER of the total is done after it (`report.Progress(eta_after=ETA_AFTER)`)."""
-    if total_work <= 0.0:
-        return templates, templates
-    return min(templates, round(templates * done_work / total_work)), templates
+def progress_report(done: int, total: int) -> tuple[int, int]:
+    """What `progress(done, total)` is told: the estimated work done and the estimated total
+    (done plus what is left), in hundredths of a unit (integers, so every sum is exact). The
+    total is foreseen from the template floors at the seeds known so far; a later seed only skips
+    more, so it may shrink at a phase's start, never below done. The display's ETA is the rate
+    since the first report, once ETA_AFTER of the total is done after it
+    (`report.Progress(eta_after=ETA_AFTER)`)."""
+    return done, max(done, total)
 
 
 class _Run:
     """The phases of one search, sharing a progress count and the interrupt check."""
 
-    def __init__(self, ctx: Compiled, jobs: int, progress, check, total: int, stack=None,
-                 total_work: float = 0.0) -> None:
+    def __init__(self, ctx: Compiled, jobs: int, progress, check, stack=None) -> None:
         self.ctx, self.jobs, self.progress, self.check = ctx, jobs, progress, check
-        self.done, self.total = 0, total
-        self.done_work, self.total_work = 0.0, total_work
+        self.done_work = 0  # hundredths of a unit (`work`)
         self.stack, self.pool = stack, None  # one worker pool for every phase (workers keep their context)
         self.counters = Counters()
         self.prefloor = PreFloor(ctx)  # in the parent: every --jobs skips the same templates
         self.timings: list[tuple[str, int, float]] = []
+        self._works: dict[tuple, tuple] = {}
 
-    def phase(self, name: str, ph: Phase) -> list[Candidate]:
-        """Run one phase; the candidates it found, in template order."""
+    def foresee(self, phases: list[Phase]) -> None:
+        """Compute the floors of every phase now, before the first report: each phase's seed is
+        not known yet, but its floors do not depend on it (the ETA then foresees which templates
+        a seed skips, and their cost is setup, not a sample of the rate)."""
+        start = time.perf_counter()
+        for ph in phases:
+            if self.prefloor.applies(0.0, ph.latency_objective):
+                self.prefloor.cut(ph.indices, ph.slo_us, ph.only_gpu, math.inf)
+        self.timings.append(("pre-floor", sum(len(ph.indices) for ph in phases), time.perf_counter() - start))
+
+    def work(self, ph: Phase) -> np.ndarray:
+        """Estimated work of each template of `ph` at its seed, in hundredths (SKIPPED_WORK where
+        its floor or --max-stages skips it)."""
+        got = self._works.get(ph.indices)
+        if got is None:
+            most, ctx = self.ctx.request.max_stages, self.ctx
+            over = np.array([most is not None and ctx.stage_plan(ctx.templates[i]).n_stages > most
+                             for i in ph.indices], np.bool_)
+            pos = {i: j for j, i in enumerate(ph.indices)}
+            got = self._works[ph.indices] = (over, pos, np.array([ctx.templates[i].k for i in ph.indices]))
+        over, pos, owners = got
+        gpu_of = self.ctx.tables.fabric.cfg_gpu
+        n_cfg = len(gpu_of) if ph.only_gpu is None else int((gpu_of == ph.only_gpu).sum())
+        skip = over.copy()
+        if self.prefloor.applies(ph.seed, ph.latency_objective):
+            cands, cut = self.prefloor.cut(ph.indices, ph.slo_us, ph.only_gpu, ph.seed)
+            skip[[pos[i] for i, c in zip(cands, cut, strict=True) if c]] = True
+        work = np.where(skip, SKIPPED_WORK, template_work(n_cfg, 1, knots=self.ctx.context_knots) * owners)
+        return np.rint(100.0 * work).astype(np.int64)  # hundredths: integer sums, exact in any order
+
+    def forecast(self, later: list[Phase]) -> int:
+        """Estimated work of phases still to run, at the seeds known now (theirs are no dearer)."""
+        return int(sum(int(self.work(ph).sum()) for ph in later)) if self.progress else 0
+
+    def report(self, later: list[Phase]) -> None:
+        """A phase ended: its finds set the later seeds, so the foreseen total is new."""
+        if self.progress:
+            self.progress(*progress_report(self.done_work, self.done_work + self.forecast(later)))
+
+    def phase(self, name: str, ph: Phase, later: list[Phase] | None) -> list[Candidate]:
+        """Run one phase; the candidates it found, in template order. `later`: the phases after
+        it, at the seeds known now (the progress total); None: report only at its end."""
         start = time.perf_counter()
         try:
-            return self._phase(ph)
+            return self._phase(ph, later)
         finally:
             self.timings.append((name, len(ph.indices), time.perf_counter() - start))
 
-    def _phase(self, ph: Phase) -> list[Candidate]:
+    def _phase(self, ph: Phase, later: list[Phase] | None) -> list[Candidate]:
         # templates the floor prunes, decided unbuilt: what the search kernel would return for them
         pruned = self.prefloor.pruned(ph)
         checked = self.prefloor.checked(ph)  # the kept ones of these need no floor in the kernel
+        works = self.work(ph)
+        # None: no report until the phase ends (the colocated one: later seeds unknown until it has)
+        total = None if later is None else self.done_work + int(works.sum()) + self.forecast(later)
+        work = dict(zip(ph.indices, works.tolist(), strict=True))
         kept = [i for i in ph.indices if i not in pruned]
         if self.jobs <= 1 or len(kept) < 2 * self.jobs:
             runs = ([(i, _FLOORED if i in pruned else _search_one(self.ctx, i, ph, i in checked))]
@@ -171,7 +220,7 @@ class _Run:
             if pruned:
                 runs = itertools.chain([[(i, _FLOORED) for i in ph.indices if i in pruned]], runs)
         found: dict[int, Candidate] = {}
-        work, floored = _phase_work(self.ctx, ph), 0
+        floored = 0
         try:
             for results in runs:
                 for i, (cand, counters) in results:
@@ -181,10 +230,9 @@ class _Run:
                         self.counters += counters
                     if cand is not None:
                         found[i] = cand
-                    self.done += 1
-                    self.done_work += work(i)
-                if self.progress:
-                    self.progress(*progress_report(self.done_work, self.total_work, self.total))
+                    self.done_work += work[i]
+                if self.progress and total is not None:
+                    self.progress(*progress_report(self.done_work, total))
                 self.check()
         finally:
             self.counters += Counters(pruned_by_bound=floored)
@@ -200,14 +248,6 @@ def _pooled(ctx: Compiled, rest: list[int], jobs: int, ph: Phase, pool, checked:
                for ch in chunks if ch]
     for ch, fut in futures:
         yield list(zip(ch, fut.result(), strict=True))
-
-
-def _phase_work(ctx: Compiled, ph: Phase):
-    """index -> `template_work` of that template in phase `ph` (its configuration count found once
-    per phase, not per template: 52,402 calls of the README command)."""
-    gpu_of = ctx.tables.fabric.cfg_gpu
-    n_cfg = len(gpu_of) if ph.only_gpu is None else sum(1 for g in gpu_of if int(g) == ph.only_gpu)
-    return lambda index: template_work(n_cfg, ctx.templates[index].k)
 
 
 def _min_cost(cands) -> float:
@@ -233,27 +273,35 @@ def run_search(ctx: Compiled, jobs: int = 1, progress=None, slo_ms: float | None
     owners = [t.k for t in ctx.templates]
     two = tuple(i for i in range(1, n) if owners[i] == 2)
     rest = tuple(i for i in range(1, n) if owners[i] > 2)
-    total = 1 + len(two) + len(rest) + ((n - 1) * len(types) if len(types) > 1 else 0)
-    every = Phase(tuple(range(n)), math.inf, slo_us, latency_objective)
-    work_of = _phase_work(ctx, every)
-    work = sum(work_of(i) for i in (0, *two, *rest))
+    steps = [("colocated", (0,), None), ("two-owner", two, None)]
     if len(types) > 1:
-        works = [_phase_work(ctx, Phase((), math.inf, slo_us, latency_objective, only_gpu=g)) for g in types]
-        work += sum(w(i) for w in works for i in range(1, n))
+        steps += [(f"single type {ctx.tables.configs[list(gpu_of).index(g)].gpu.id}", tuple(range(1, n)), g)
+                  for g in types]
+    steps.append(("mixed", rest, None))
+    mixed: list[Candidate] = []  # colocated, two-owner and mixed finds
+    singles: list[Candidate] = []  # every single-type find
+    found: dict[str, list[Candidate]] = {}
+
+    def at_seed(step) -> Phase:
+        """A step's phase at the seed its rule gives now: a single-type phase the cheapest
+        single-type plan, any other the cheapest plan (the colocated one, two-owner's seed)."""
+        _name, indices, g = step
+        seed = _min_cost(singles) if g is not None else min(_min_cost(mixed), _min_cost(singles))
+        return Phase(indices, seed, slo_us, latency_objective, only_gpu=g)
+
     with deferred_interrupts() as check, contextlib.ExitStack() as stack:
-        run = _Run(ctx, jobs, progress, check, total, stack, work)
-        colocated = run.phase("colocated", Phase((0,), math.inf, slo_us, latency_objective))
-        c_cost = _min_cost(colocated)
-        two_found = run.phase("two-owner", Phase(two, c_cost, slo_us, latency_objective))
-        mixed = colocated + two_found
-        singles: list[Candidate] = [c for c in mixed if _single_type(ctx, c)]
-        if len(types) > 1:
-            for g in types:
-                singles += run.phase(f"single type {ctx.tables.configs[list(gpu_of).index(g)].gpu.id}",
-                                     Phase(tuple(range(1, n)), _min_cost(singles), slo_us, latency_objective,
-                                           only_gpu=g))
-        mixed += run.phase("mixed", Phase(rest, min(_min_cost(mixed), _min_cost(singles)), slo_us,
-                                          latency_objective))
+        run = _Run(ctx, jobs, progress, check, stack)
+        run.foresee([at_seed(st) for st in steps[1:]])
+        for k, step in enumerate(steps):
+            name, _indices, g = step
+            got = found[name] = run.phase(name, at_seed(step), [at_seed(st) for st in steps[k + 1:]] if k else None)
+            if g is not None:
+                singles += got
+            else:  # the mixed phase's finds are not single-type alternatives (seeded by them)
+                mixed += got
+                singles += [c for c in got if name != "mixed" and _single_type(ctx, c)]
+            run.report([at_seed(st) for st in steps[k + 1:]])
+    colocated, two_found = found["colocated"], found["two-owner"]
     best = None
     for c in mixed:
         best = _better(best, c)

@@ -8,7 +8,10 @@ parts of the phase (configurations, grid, SLO) and its KV mix's reserve rows, an
 owners recur across thousands of templates. So each distinct owner's staircase is built once
 per phase and each template's floor is their merge (`bounds.phase_floors`, the same kernels as
 `template_floor`, so the same floors bit for bit and the same templates pruned; each still
-counts one `pruned_by_bound`). The driver runs it in the parent, so every `--jobs` skips the
+counts one `pruned_by_bound`). A floor does not depend on the seed, so each phase's floors are
+computed once (the driver asks for every phase's before its first report) and compared with a
+seed by the kernels' own `floor_prunes` rule: the driver foresees which templates a later
+phase will skip (its progress total). It runs in the parent, so every `--jobs` skips the
 same set. Nothing to do for the latency objective (floor 0), without branch and bound, with an
 infinite seed, or for a one-stage template (its own grid: the kernel decides).
 """
@@ -36,34 +39,59 @@ class PreFloor:
         self._owners: dict[int, tuple[int, ...]] = {}  # template index -> its owners' ids
         self._checked: tuple = (None, frozenset())  # (phase, the indices `pruned` floored in it)
         self._layouts: dict[tuple[int, ...], tuple] = {}  # template indices -> `phase_floors` arrays
+        self._floors: dict[tuple, tuple] = {}  # (indices, SLO, GPU type) -> (searched indices, floors, factor)
 
     def applies(self, seed: float, latency_objective: bool) -> bool:
         return self.ctx.request.bnb and not latency_objective and math.isfinite(seed)
 
     def pruned(self, ph) -> frozenset[int]:
-        """The indices of `ph` (a driver.Phase) whose template floor exceeds its seed."""
-        if not self.applies(ph.seed, ph.latency_objective):
-            return frozenset()
-        ctx, most = self.ctx, self.ctx.request.max_stages
-        cands = []
-        for i in ph.indices:  # _search_one skips a template over --max-stages before any bound
-            n = ctx.stage_plan(ctx.templates[i]).n_stages
-            if n > 1 and (most is None or n <= most):
-                cands.append(i)
-        if not cands:
-            return frozenset()
-        floors = self.floors(cands, ph.slo_us, ph.only_gpu, ph.seed)[1]
-        self._checked = (ph, frozenset(cands))
-        return frozenset(i for i, cut in zip(cands, floors, strict=True) if cut)
+        """The indices of `ph` (a driver.Phase) whose template floor exceeds its seed; the phase
+        about to run (`checked` answers for it)."""
+        got = self.skipped(ph)
+        self._checked = (ph, frozenset(self.cut(ph.indices, ph.slo_us, ph.only_gpu, math.inf)[0])
+                         if self.applies(ph.seed, ph.latency_objective) else frozenset())
+        return got
 
     def checked(self, ph) -> frozenset[int]:
         """The indices of `ph` whose floor the last `pruned(ph)` computed: the search kernel need
         not floor the kept ones again (the same kernels, the same bits, the same seed)."""
         return self._checked[1] if self._checked[0] == ph else frozenset()
 
+    def skipped(self, ph) -> frozenset[int]:
+        """`pruned` of a phase that may never run as such (the driver foresees later phases)."""
+        if not self.applies(ph.seed, ph.latency_objective):
+            return frozenset()
+        cands, cut = self.cut(ph.indices, ph.slo_us, ph.only_gpu, ph.seed)
+        return frozenset(i for i, c in zip(cands, cut, strict=True) if c)
+
+    def cut(self, indices, slo_us: float, only_gpu: int | None, seed: float):
+        """(the multi-stage indices of `indices`, whether each one's floor prunes it at `seed`):
+        the floors are computed once per (indices, SLO, GPU type) and compared with any seed, so
+        the driver can foresee which templates of a later phase a seed will skip (its ETA)."""
+        from opweave_planner.search.bounds import floor_prunes
+
+        key = (indices, slo_us, only_gpu)
+        got = self._floors.get(key)
+        if got is None:
+            cands = tuple(self._searched(indices))
+            floors, factor = self.floors(cands, slo_us, only_gpu)[0::2] if cands else (np.empty(0), 1.0)
+            got = self._floors[key] = (cands, floors, factor)
+        cands, floors, factor = got
+        # the kernels' own rule on the array (plain numpy arithmetic: the same bits)
+        return cands, floor_prunes(floors, seed, factor)
+
+    def _searched(self, indices):
+        """The templates whose floor decides: _search_one skips one over --max-stages before
+        any bound, and a one-stage template has its own grid (the kernel decides)."""
+        ctx, most = self.ctx, self.ctx.request.max_stages
+        for i in indices:
+            n = ctx.stage_plan(ctx.templates[i]).n_stages
+            if n > 1 and (most is None or n <= most):
+                yield i
+
     def floors(self, indices, slo_us: float, only_gpu: int | None, seed: float = math.inf):
-        """(floors, pruned) of multi-stage templates `indices` (tests compare the floors with
-        `walk.template_floor_of` of each template's Problem)."""
+        """(floors, pruned, prune factor) of multi-stage templates `indices` (tests compare the
+        floors with `walk.template_floor_of` of each template's Problem)."""
         from opweave_planner.search.bounds import FloorParts, phase_floors
 
         ctx = self.ctx
@@ -72,8 +100,9 @@ class PreFloor:
         ok, st_off, ranges, t_off, t_own, units, u_units = self._layout(tuple(indices))
         if only_gpu is not None:
             ok = ok & (ctx.tables.fabric.cfg_gpu == only_gpu)[None, :]
-        return phase_floors(FloorParts(configs=p.configs, fabric=p.fabric, grid=p.grid, limits=p.limits),
-                            (units, u_units), ok, st_off, ranges, t_off, t_own, float(seed))
+        floors, pruned = phase_floors(FloorParts(configs=p.configs, fabric=p.fabric, grid=p.grid, limits=p.limits),
+                                      (units, u_units), ok, st_off, ranges, t_off, t_own, float(seed))
+        return floors, pruned, float(p.limits.prune_factor)
 
     def _layout(self, indices: tuple[int, ...]) -> tuple:
         """(ok, st_off, ranges, t_off, t_own, units, u_units) of `phase_floors` for these templates,
