@@ -16,8 +16,8 @@ from opweave_planner.schedule import kernels as K
 from opweave_planner.schedule import reference as R
 
 REL = 1e-9
-FAST = settings(deadline=None, max_examples=400, suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(deadline=None, max_examples=120, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(deadline=None, max_examples=250, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(deadline=None, max_examples=80, suppress_health_check=[HealthCheck.too_slow])
 
 # Latencies: mostly continuous, sometimes small integers (exact ties are the hard cases).
 latency = st.one_of(
@@ -152,7 +152,7 @@ def test_shrinking_one_owner_never_hurts(plan, data):
 # ---------------------------------------------------------------- agreement and exactness
 
 
-@settings(deadline=None, max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=600, suppress_health_check=[HealthCheck.too_slow])
 @given(plans(max_stages=12, max_owners=3))
 def test_kernel_matches_reference(plan):
     owner, t, occ, lat, mu, n_owners = plan
@@ -164,7 +164,7 @@ def test_kernel_matches_reference(plan):
     assert (k_kind, k_idx) == (r_kind, r_idx)
 
 
-@settings(deadline=None, max_examples=800, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(plans(max_stages=30))
 def test_periodic_search_is_exact_with_or_without_fallback(plan):
     """A detected period gives the maximum cycle mean; where none shows within the iteration

@@ -95,16 +95,16 @@ _POLICY_WEIGHT = {"opweave": 10.0, "cad": 3.0, "afd": 1.0, "colocated": 0.1}
 
 
 def expected_cost(task: RegenTask) -> float:
-    """A rough relative cost of planning `task`: a fixed 1 plus its policy's weight times its
-    configurations to the power `search.driver.CONFIG_EXPONENT` (the phase over every GPU type,
-    plus one per type alone when there are several), 1 for one type of four TP sizes. Orders
-    the work and scales regen's ETA; no plan depends on it."""
-    from opweave_planner.search.driver import CONFIG_EXPONENT
+    """A rough relative cost of planning `task`: a fixed 1 plus its policy's weight times the
+    search's own per-template weight (`search.driver.template_work`) of its phase over every
+    GPU type, plus one per type alone when there are several, 1 for one type of four TP sizes.
+    Orders the work and scales regen's ETA; no plan depends on it."""
+    from opweave_planner.search.driver import template_work
 
     req = task.request
     types, tps = len(req.gpus), len(req.tensor_parallel_sizes)
-    work = (types * tps) ** CONFIG_EXPONENT + (types * tps ** CONFIG_EXPONENT if types > 1 else 0.0)
-    return 1.0 + _POLICY_WEIGHT.get(str(req.policy), 10.0) * work / 4 ** CONFIG_EXPONENT
+    work = template_work(types * tps, 1) + (types * template_work(tps, 1) if types > 1 else 0.0)
+    return 1.0 + _POLICY_WEIGHT.get(str(req.policy), 10.0) * work / template_work(4, 1)
 
 
 def heaviest_first(tasks: list[RegenTask]) -> list[int]:
