@@ -85,7 +85,7 @@ def searched(inst, slo=None):
     return dict(inst, batches=np.array(batches, np.int64), **({} if slo is None else {"slo": slo}))
 
 
-@settings(max_examples=250, **harness.SETTINGS)
+@settings(max_examples=160, **harness.SETTINGS)
 @given(fine_instances())
 def test_kernel_exact_over_grid_and_caps(inst):
     wide = searched(inst)
@@ -102,7 +102,7 @@ def _colocated(inst):
                            cfg_ok=np.ones((1, inst["cfg_tp"].size), bool), latency_objective=False))
 
 
-@settings(max_examples=250, **harness.SETTINGS)
+@settings(max_examples=160, **harness.SETTINGS)
 @given(fine_instances())
 def test_caps_are_the_largest_feasible_batches(inst):
     """By brute force over every integer microbatch with the evaluator (not the caps' formula)."""
@@ -127,7 +127,7 @@ def test_caps_are_the_largest_feasible_batches(inst):
                        if cap % mu == 0 and cap // mu in ev), (cheapest, sorted(caps.slo))
 
 
-@settings(max_examples=250, **harness.SETTINGS)
+@settings(max_examples=160, **harness.SETTINGS)
 @given(fine_instances(one_stage=True))
 def test_one_stage_search_as_cheap_as_every_integer_batch(inst):
     inst = dict(inst, latency_objective=False)
@@ -141,7 +141,7 @@ def test_one_stage_search_as_cheap_as_every_integer_batch(inst):
         assert math.isclose(got["cost"], best[0], rel_tol=REL, abs_tol=1e-12), (got, best)
 
 
-@settings(max_examples=150, **harness.SETTINGS)
+@settings(max_examples=100, **harness.SETTINGS)
 @given(fine_instances(one_stage=True), st.integers(0, 120))
 def test_loosening_the_slo_never_raises_cost_with_caps(inst, extra):
     inst = dict(inst, latency_objective=False)

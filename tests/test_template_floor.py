@@ -54,7 +54,7 @@ def _check(prob, inst):
     assert res.found and math.isclose(res.cost, best[0], rel_tol=REL, abs_tol=1e-12)
 
 
-@settings(max_examples=180, **SETTINGS)
+@settings(max_examples=130, **SETTINGS)
 @given(instances())
 def test_floor_is_below_every_candidate(inst):
     _check(problem_of(inst), inst)
@@ -92,7 +92,7 @@ def _phase_floors(prob, seed: float):
                         np.array([0, st_.k, 2 * st_.k], i64), own, seed)
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=200, **SETTINGS)
 @given(instances(), st.sampled_from([0.5, 1.0, 1.0 + 1e-10, 2.0]))
 def test_the_phase_floor_is_the_template_floor_bit_for_bit(inst, scale):
     _same_floors(problem_of(inst)._replace(latency_objective=False), scale)

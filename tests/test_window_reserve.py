@@ -168,7 +168,7 @@ def test_loosening_the_targets_of_a_window_plan_never_raises_cost():
     assert costs == sorted(costs, reverse=True), costs
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(max_examples=100, **SETTINGS)
 @given(workload_instances(), st.data())
 def test_kernel_equals_brute_force_with_a_reserve_row_per_owner_and_config(inst, data):
     """Owners of one template hold different mixes of window and full layers, so each (owner,
