@@ -252,6 +252,41 @@ def test_search_progress_is_work_weighted_and_always_gives_its_total():
         assert calls[-1][1] < calls[0][1] or len({t for _, t in calls}) == 1
 
 
+def test_the_foresight_never_counts_less_work_than_a_phase_then_does(monkeypatch):
+    """A later phase's seed is never dearer than the one foreseen for it, so the work foreseen for
+    it (at the seeds known when each earlier phase starts) is at least what it then does, the
+    skipped set foreseen a subset of the one it skips; --jobs 2 reports the same calls' totals."""
+    from opweave_planner import api
+    from opweave_planner.compile import compile_request
+    from opweave_planner.search import driver
+
+    # its mixed phase is seeded below the colocated cost (a single-type plan is cheaper)
+    ctx = compile_request(api.make_request("gemma-3-27b", "60ms", "32k", gpus="h100,a100", max_owners=3,
+                                           batches=(16, 64, 256), tensor_parallel_sizes=(1, 2, 4)))
+    foreseen: dict[tuple, list[int]] = {}
+    done: dict[tuple, int] = {}
+    real = driver._Run.phase
+
+    def phase(self, name, ph, later):
+        for lp in later or ():
+            foreseen.setdefault((lp.indices, lp.only_gpu), []).append(int(self.work(lp).sum()))
+            assert self.prefloor.skipped(lp) <= self.prefloor.skipped(
+                driver.Phase(lp.indices, lp.seed * 0.5, lp.slo_us, lp.latency_objective, lp.only_gpu))
+        done[ph.indices, ph.only_gpu] = int(self.work(ph).sum())
+        return real(self, name, ph, later)
+
+    monkeypatch.setattr(driver._Run, "phase", phase)
+    totals = {}
+    for jobs in (1, 2):
+        calls = []
+        driver.run_search(ctx, jobs=jobs, progress=lambda d, t, c=calls: c.append((d, t)))
+        totals[jobs] = calls
+    assert foreseen and all(done[k] <= min(v) for k, v in foreseen.items())
+    assert any(done[k] < max(v) for k, v in foreseen.items())  # a seed did tighten: the total shrank
+    assert totals[1][-1] == totals[2][-1] and totals[1][-1][0] == totals[1][-1][1]
+    assert {t for _, t in totals[1]} == {t for _, t in totals[2]}
+
+
 def test_the_eta_is_the_rate_since_the_first_report_and_waits_for_eta_after():
     """Setup before the first report (compiling, cache loading: 10 s here) is not a sample of
     the rate: the ETA reads 1 s per unit from the first report on, where the rate since the start

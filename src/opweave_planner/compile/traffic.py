@@ -183,9 +183,12 @@ class KvReserve:
     def below(self, n: int, mix: Mix = FULL) -> float:
         """A lower bound of `at(n, mix)` without its event law (the quantile and the floor the reserve
         takes the larger of): where even it does not fit, the reserve does not."""
-        key, windows = (int(n), mix), mix[1]
-        if key in self.memo or (windows and max(w for w, _ in windows) <= self.workload.min_context):
-            return self.at(n, mix)  # known, or affine in the full-attention reserve
+        key, (per_token, windows) = (int(n), mix), mix
+        if key in self.memo:
+            return self.memo[key]
+        if windows and max(w for w, _ in windows) <= self.workload.min_context:
+            # affine in the full-attention reserve (`_reserve_at`), with a factor >= 0: so is a floor of it
+            return per_token * self.below(n, FULL) + n * sum(w * b for w, b in windows)
         return _reserve_floor(self, int(n), mix)
 
     def cheap(self, n: int, mix: Mix = FULL) -> float:
@@ -217,7 +220,7 @@ def kv_reserve(req: PlanRequest, wl: ContextLaw) -> KvReserve:
 
 def _reserve_floor(res: KvReserve, n: int, mix: Mix) -> float:
     """max(quantile bound, one at the longest context and n - 1 at the shortest): `_reserve_at` less
-    its event law."""
+    its event law (the same convolution, cached: a probe that then needs the reserve pays no other)."""
     wl, (per_token, windows) = res.workload, mix
     tail = kv_sum_bounds(wl, n, res.kv_quantile, per_token, windows, grid=KV_SUM_GRID)[1]
     return max(tail, _spread(wl, n, mix))
