@@ -33,6 +33,9 @@ COMMANDS = {
                  "examples/traces/mooncake-conversation-sample.jsonl", "--scale-ctx", "32k"),
     "workload-all": ("--model", "gemma-3-27b", "--slo", "60ms", "--workload",
                      "examples/traces/mooncake-conversation-sample.jsonl", "--scale-ctx", "32k"),
+    "readme1-j2": (*BASE, "--jobs", "2"),
+    "workload-all-j2": ("--model", "gemma-3-27b", "--slo", "60ms", "--workload",
+                        "examples/traces/mooncake-conversation-sample.jsonl", "--scale-ctx", "32k", "--jobs", "2"),
     "regen": ("regen", "--matrix", "examples/matrix.toml", "--jobs", "2", "--out", "{tmp}"),
 }
 ETA = re.compile(r"ETA ((?:\d+ h \d+ min)|(?:\d+ min \d+ s)|(?:[\d.]+ s))")
