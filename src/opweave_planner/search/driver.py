@@ -142,7 +142,7 @@ def progress_report(done: int, total: int) -> tuple[int, int]:
     """What `progress(done, total)` is told: the estimated work done and the estimated total
     (done plus what is left), in hundredths of a unit (integers, so every sum is exact). The
     total is foreseen from the template floors at the seeds known so far; a later seed only skips
-    more, so it may shrink at a phase's start, never below done. The display's ETA is the rate
+    more, so it may shrink at a phase's end, never below done. The display's ETA is the rate
     since the first report, once ETA_AFTER of the total is done after it
     (`report.Progress(eta_after=ETA_AFTER)`)."""
     return done, max(done, total)
@@ -223,10 +223,14 @@ class _Run:
         # templates the floor prunes, decided unbuilt: what the search kernel would return for them
         pruned = self.prefloor.pruned(ph)
         checked = self.prefloor.checked(ph)  # the kept ones of these need no floor in the kernel
-        works = self.work(ph)
-        # None: no report until the phase ends (the colocated one: later seeds unknown until it has)
-        total = None if later is None else self.done_work + int(works.sum()) + self.forecast(later)
-        work = dict(zip(ph.indices, works.tolist(), strict=True))
+        # no report until the phase ends with later None (the colocated one: the later seeds are
+        # unknown until it has), none at all without a progress callback
+        work, total = {}, None
+        if self.progress:
+            works = self.work(ph)
+            work = dict(zip(ph.indices, works.tolist(), strict=True))
+            if later is not None:
+                total = self.done_work + int(works.sum()) + self.forecast(later)
         kept = [i for i in ph.indices if i not in pruned]
         if self.jobs <= 1 or len(kept) < 2 * self.jobs:
             runs = ([(i, _FLOORED if i in pruned else _search_one(self.ctx, i, ph, i in checked))]
@@ -248,8 +252,8 @@ class _Run:
                         self.counters += counters
                     if cand is not None:
                         found[i] = cand
-                    self.done_work += work[i]
-                if self.progress and total is not None:
+                    self.done_work += work.get(i, 0)
+                if total is not None:
                     self.progress(*progress_report(self.done_work, total))
                 self.check()
         finally:
