@@ -42,6 +42,20 @@ def test_no_memory_feasible_placement_names_memory():
     assert out.lowest_tpot_ms is None and "memory-feasible" in out.infeasible.reason
 
 
+def test_a_stage_cap_below_every_template_names_the_cap_not_memory():
+    """AFD alternates attention and FFN owners layer by layer: 64 stages for llama-3.1-8b, so
+    --max-stages 4 leaves no template to search; the record says so (no binding of the two
+    kinds the schema names), where it used to blame memory."""
+    out = api.plan(api.make_request("llama-3.1-8b", 60, 8192, gpus="h100,a100", policy="afd", max_stages=4,
+                                    batches=(8, 16), max_replicas=1, tensor_parallel_sizes=(1, 2)))
+    assert out.status == Status.INFEASIBLE and out.binding is None and out.lowest_tpot_ms is None
+    assert out.infeasible.reason.startswith("--max-stages 4: every afd template of llama-3.1-8b has at least ")
+    assert "memory" not in out.infeasible.reason
+    # the same request with room for its stages has a plan
+    assert api.plan(api.make_request("llama-3.1-8b", 60, 8192, gpus="h100,a100", policy="afd", batches=(8, 16),
+                                     max_replicas=1, tensor_parallel_sizes=(1, 2))).status == Status.OPTIMAL
+
+
 def test_an_outcome_holds_exactly_one_document():
     with pytest.raises(ValueError):
         Outcome(Status.OPTIMAL)

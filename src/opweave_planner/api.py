@@ -141,7 +141,13 @@ def _infeasible(ctx, jobs: int, stats) -> Infeasible:
     req = ctx.request
     relaxed = run_search(ctx, jobs=jobs, slo_ms=float("inf"), latency_objective=True)
     lowest = None
-    if relaxed.best is None:
+    fewest = min((ctx.stage_plan(t).n_stages for t in ctx.templates), default=0)
+    if relaxed.best is None and req.max_stages is not None and fewest > req.max_stages:
+        # every template of the policy is over --max-stages: nothing was searched, memory is not why
+        binding = None
+        reason = (f"--max-stages {req.max_stages}: every {req.policy.value} template of {ctx.seq.model.name} has "
+                  f"at least {fewest} stages; raise --max-stages or choose another --policy")
+    elif relaxed.best is None:
         seq = ctx.seq
         kv = seq.kv_bytes(ctx.context_tokens) / 2**30
         w = seq.weight_bytes() / 2**30
@@ -163,7 +169,8 @@ def _infeasible(ctx, jobs: int, stats) -> Infeasible:
     workload = workload_of(req, ctx.context_tokens, workload_record(req, ctx))
     return Infeasible(schema_version=infeasible_version(stats.space, workload=workload), model=ctx.seq.model.name,
                       workload=workload,
-                      policy=str(req.policy.value), reason=reason, binding=binding.value,
+                      policy=str(req.policy.value), reason=reason,
+                      binding=None if binding is None else binding.value,
                       lowest_tpot_ms=lowest)
 
 

@@ -25,7 +25,8 @@ class Status(StrEnum):
 
 class Binding(StrEnum):
     """What binds: why no plan meets the request (the infeasibility record's `binding`: slo or
-    memory), or why a plan stops at its batch (the plan's `binding.constraint`, schema 1.9)."""
+    memory; none where --max-stages is below every template, which its `reason` names), or why
+    a plan stops at its batch (the plan's `binding.constraint`, schema 1.9)."""
 
     SLO = "slo"  # memory-feasible plans exist, but the fastest misses the TPOT SLO / the next batch would
     MEMORY = "memory"  # no placement holds the weights and KV within the GPU budget / the next batch's KV
