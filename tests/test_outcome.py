@@ -51,6 +51,11 @@ def test_a_stage_cap_below_every_template_names_the_cap_not_memory():
     assert out.status == Status.INFEASIBLE and out.binding is None and out.lowest_tpot_ms is None
     assert out.infeasible.reason.startswith("--max-stages 4: every afd template of llama-3.1-8b has at least ")
     assert "memory" not in out.infeasible.reason
+    # a cap that leaves some templates: the reason of the binding it found says how many were searched
+    part = api.plan(api.make_request("llama-3.1-8b", 1, 8192, gpus="h100", max_owners=2, max_stages=2,
+                                     batches=(8, 16), max_replicas=1, tensor_parallel_sizes=(1, 2)))
+    assert part.binding == Binding.SLO and part.infeasible.reason.endswith(" templates")
+    assert "; --max-stages 2 left " in part.infeasible.reason
     # the same request with room for its stages has a plan
     assert api.plan(api.make_request("llama-3.1-8b", 60, 8192, gpus="h100,a100", policy="afd", batches=(8, 16),
                                      max_replicas=1, tensor_parallel_sizes=(1, 2))).status == Status.OPTIMAL

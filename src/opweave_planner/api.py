@@ -141,8 +141,10 @@ def _infeasible(ctx, jobs: int, stats) -> Infeasible:
     req = ctx.request
     relaxed = run_search(ctx, jobs=jobs, slo_ms=float("inf"), latency_objective=True)
     lowest = None
-    fewest = min((ctx.stage_plan(t).n_stages for t in ctx.templates), default=0)
-    if relaxed.best is None and req.max_stages is not None and fewest > req.max_stages:
+    stages = [ctx.stage_plan(t).n_stages for t in ctx.templates]
+    fewest = min(stages, default=0)
+    over = 0 if req.max_stages is None else sum(n > req.max_stages for n in stages)
+    if relaxed.best is None and over == len(stages) > 0:
         # every template of the policy is over --max-stages: nothing was searched, memory is not why
         binding = None
         reason = (f"--max-stages {req.max_stages}: every {req.policy.value} template of {ctx.seq.model.name} has "
@@ -166,6 +168,8 @@ def _infeasible(ctx, jobs: int, stats) -> Infeasible:
         what = "TPOT" if not req.stochastic else f"p{req.percentile:g} step TPOT"
         reason = (f"the lowest achievable {what} is {lowest:.1f} ms > SLO {req.slo_ms:g} ms "
                   f"(policy {req.policy.value}, GPUs {','.join(req.gpus)})")
+    if over and binding is not None:  # the templates --max-stages left out might do better: say how many were searched
+        reason += f"; --max-stages {req.max_stages} left {len(stages) - over} of {len(stages)} templates"
     workload = workload_of(req, ctx.context_tokens, workload_record(req, ctx))
     return Infeasible(schema_version=infeasible_version(stats.space, workload=workload), model=ctx.seq.model.name,
                       workload=workload,
