@@ -3,9 +3,8 @@
 Hypothesis profiles (``--hypothesis-profile=NAME``):
 
 * ``ci`` (default): the bounded budget the fuzz suite runs with in CI (tests/test_fuzz_cli.py
-  measured 42 s at a budget of 200 on the 2-core box, the whole suite with bounds checks
-  286 s: cut to 120 to keep CI under its ten minutes on slower CI machines); no deadline, since
-  a first call compiles.
+  measured 42 s at a budget of 200 on the 2-core box; cut to 120 to keep CI under its ten
+  minutes on slower CI machines); no deadline, since a first call compiles.
 * ``long``: about 17x that budget, for a deliberate hunt, e.g.
   ``python -m pytest tests/test_fuzz_cli.py --hypothesis-profile=long`` (about 5 minutes on the 2-core box: 8,644 examples).
 * ``dev``: a handful of examples per test, for editing the fuzz suite itself.

@@ -249,7 +249,6 @@ def test_search_progress_is_work_weighted_and_always_gives_its_total():
         assert calls[-1][0] == calls[-1][1]
         assert [d for d, _ in calls] == sorted(d for d, _ in calls)
         assert [t for _, t in calls] == sorted((t for _, t in calls), reverse=True)
-        assert calls[-1][1] < calls[0][1] or len({t for _, t in calls}) == 1
 
 
 def test_the_foresight_never_counts_less_work_than_a_phase_then_does(monkeypatch):

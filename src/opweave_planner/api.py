@@ -142,13 +142,12 @@ def _infeasible(ctx, jobs: int, stats) -> Infeasible:
     relaxed = run_search(ctx, jobs=jobs, slo_ms=float("inf"), latency_objective=True)
     lowest = None
     stages = [ctx.stage_plan(t).n_stages for t in ctx.templates]
-    fewest = min(stages, default=0)
-    over = 0 if req.max_stages is None else sum(n > req.max_stages for n in stages)
+    over = sum(ctx.over_max_stages(t) for t in ctx.templates)
     if relaxed.best is None and over == len(stages) > 0:
         # every template of the policy is over --max-stages: nothing was searched, memory is not why
         binding = None
         reason = (f"--max-stages {req.max_stages}: every {req.policy.value} template of {ctx.seq.model.name} has "
-                  f"at least {fewest} stages; raise --max-stages or choose another --policy")
+                  f"at least {min(stages)} stages; raise --max-stages or choose another --policy")
     elif relaxed.best is None:
         seq = ctx.seq
         kv = seq.kv_bytes(ctx.context_tokens) / 2**30

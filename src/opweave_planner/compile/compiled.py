@@ -73,6 +73,11 @@ class Compiled:
             got = plans[template] = expand(self.seq, template)
         return got
 
+    def over_max_stages(self, template: Template) -> bool:
+        """Whether --max-stages leaves `template` out: the search skips it before any bound."""
+        most = self.request.max_stages
+        return most is not None and self.stage_plan(template).n_stages > most
+
     def problem(self, template: Template, *, slo_us: float | None = None, latency_objective: bool = False,
                 batches: tuple[int, ...] | None = None, only_gpu: int | None = None) -> Problem:
         """The template's Problem under this request (`only_gpu`: every owner restricted to one

@@ -73,9 +73,9 @@ def _search_one(ctx: Compiled, index: int, ph: Phase, floored: bool = False):
     from opweave_planner.search.walk import search_template
 
     tmpl = ctx.templates[index]
-    splan, req = ctx.stage_plan(tmpl), ctx.request
-    if req.max_stages is not None and splan.n_stages > req.max_stages:
+    if ctx.over_max_stages(tmpl):
         return None, Counters()
+    splan, req = ctx.stage_plan(tmpl), ctx.request
     prob = ctx.problem(tmpl, slo_us=ph.slo_us, latency_objective=ph.latency_objective, only_gpu=ph.only_gpu)
     res = search_template(prob, ph.seed, req.pareto, req.bnb, floored)
     cand = None
@@ -186,9 +186,8 @@ class _Run:
         its floor or --max-stages skips it)."""
         got = self._works.get(ph.indices)
         if got is None:
-            most, ctx = self.ctx.request.max_stages, self.ctx
-            over = np.array([most is not None and ctx.stage_plan(ctx.templates[i]).n_stages > most
-                             for i in ph.indices], np.bool_)
+            ctx = self.ctx
+            over = np.array([ctx.over_max_stages(ctx.templates[i]) for i in ph.indices], np.bool_)
             pos = {i: j for j, i in enumerate(ph.indices)}
             got = self._works[ph.indices] = (over, pos, np.array([ctx.templates[i].k for i in ph.indices]))
         over, pos, owners = got

@@ -47,9 +47,8 @@ class PreFloor:
     def pruned(self, ph) -> frozenset[int]:
         """The indices of `ph` (a driver.Phase) whose template floor exceeds its seed; the phase
         about to run (`checked` answers for it)."""
-        got = self.skipped(ph)
-        self._checked = (ph, frozenset(self.cut(ph.indices, ph.slo_us, ph.only_gpu, math.inf)[0])
-                         if self.applies(ph.seed, ph.latency_objective) else frozenset())
+        cands, got = self._skips(ph)
+        self._checked = (ph, frozenset(cands))
         return got
 
     def checked(self, ph) -> frozenset[int]:
@@ -59,10 +58,14 @@ class PreFloor:
 
     def skipped(self, ph) -> frozenset[int]:
         """`pruned` of a phase that may never run as such (the driver foresees later phases)."""
+        return self._skips(ph)[1]
+
+    def _skips(self, ph) -> tuple[tuple[int, ...], frozenset[int]]:
+        """(the indices whose floor decides, those of them the seed's floor skips) of `ph`."""
         if not self.applies(ph.seed, ph.latency_objective):
-            return frozenset()
+            return (), frozenset()
         cands, cut = self.cut(ph.indices, ph.slo_us, ph.only_gpu, ph.seed)
-        return frozenset(i for i, c in zip(cands, cut, strict=True) if c)
+        return cands, frozenset(i for i, c in zip(cands, cut, strict=True) if c)
 
     def cut(self, indices, slo_us: float, only_gpu: int | None, seed: float):
         """(the multi-stage indices of `indices`, whether each one's floor prunes it at `seed`):
@@ -83,10 +86,10 @@ class PreFloor:
     def _searched(self, indices):
         """The templates whose floor decides: _search_one skips one over --max-stages before
         any bound, and a one-stage template has its own grid (the kernel decides)."""
-        ctx, most = self.ctx, self.ctx.request.max_stages
+        ctx = self.ctx
         for i in indices:
-            n = ctx.stage_plan(ctx.templates[i]).n_stages
-            if n > 1 and (most is None or n <= most):
+            t = ctx.templates[i]
+            if ctx.stage_plan(t).n_stages > 1 and not ctx.over_max_stages(t):
                 yield i
 
     def floors(self, indices, slo_us: float, only_gpu: int | None, seed: float = math.inf):
