@@ -35,9 +35,13 @@ REL = 1e-9
 
 
 @st.composite
-def instances(draw):
+def instances(draw, frontier=False):
+    """frontier: instances where the fixed-context frontier's cross-TP, cross-replica and
+    cross-type rules bite: two or three owners, big hand-offs, near-equal stage times (so points
+    of other TP degrees and replica counts dominate), prices per GPU type, an intra-node link that
+    may be slower than the network, small nodes and a --max-nodes cap."""
     n_ops = draw(st.integers(3, 7))
-    k = draw(st.integers(1, 3))
+    k = draw(st.integers(2, 3)) if frontier else draw(st.integers(1, 3))
     if k == 1:
         n_stages = draw(st.integers(1, 3))
     else:
@@ -58,18 +62,27 @@ def instances(draw):
                                     unique=True)))
         start = np.array(cuts, np.int64)
         end = np.array(cuts[1:] + [cuts[0] if cuts[0] > 0 else n_ops], np.int64)
-    payload = np.array([draw(st.integers(0, 8)) / 2 for _ in range(n_stages)])
+    payload = np.array([draw(st.integers(4 if frontier else 0, 8)) / 2 for _ in range(n_stages)])
 
     n_cfg = draw(st.integers(1, 3))
     cfg_tp = np.array([draw(st.sampled_from([1, 2, 4])) for _ in range(n_cfg)], np.int64)
     # GPU type of each config, node size and intra-node link: single-node plans of one type use it
-    cfg_gpu = np.array([draw(st.integers(0, 1)) for _ in range(n_cfg)], np.int64)
-    node = draw(st.sampled_from([2, 4, 8]))
-    cfg_node = np.full(n_cfg, node, np.int64)
-    intra_of = [draw(st.sampled_from([2.0, 8.0])) for _ in range(2)]
+    one_type = frontier and draw(st.booleans())
+    cfg_gpu = np.array([0 if one_type else draw(st.integers(0, 1)) for _ in range(n_cfg)], np.int64)
+    # node size per GPU type (often equal): the frontier must not drop a point whose plan would
+    # span fewer nodes under --max-nodes
+    node_of = [draw(st.sampled_from([2, 3, 4, 8])) for _ in range(2)]
+    if draw(st.booleans()):
+        node_of[1] = node_of[0]
+    cfg_node = np.array([node_of[g] for g in cfg_gpu], np.int64)
+    intra_of = [draw(st.sampled_from([0.5, 8.0] if frontier else [2.0, 8.0])) for _ in range(2)]
     cfg_intra_bw = np.array([intra_of[g] for g in cfg_gpu])
     intra_lat = draw(st.integers(0, 2)) / 4
-    cfg_price = np.array([draw(st.integers(1, 6)) / 2 for _ in range(n_cfg)])
+    if frontier:
+        price_of = [draw(st.integers(1, 3)) / 2 for _ in range(2)]
+        cfg_price = np.array([price_of[g] for g in cfg_gpu])
+    else:
+        cfg_price = np.array([draw(st.integers(1, 6)) / 2 for _ in range(n_cfg)])
 
     batches = sorted(draw(st.sets(st.sampled_from([1, 2, 3, 4, 6, 8, 12]), min_size=1, max_size=4)))
     max_mu = draw(st.integers(1, 3))
@@ -85,6 +98,8 @@ def instances(draw):
     lat_int = draw(st.booleans())
 
     def lat_value():
+        if frontier:
+            return draw(st.integers(0, 2)) / 2
         if lat_int:
             return draw(st.integers(0, 6)) / 2
         return draw(st.floats(0.0, 5.0, allow_nan=False, allow_infinity=False))
@@ -98,17 +113,18 @@ def instances(draw):
     for c in range(n_cfg):
         wpref[c, 1:] = np.cumsum([draw(st.integers(0, 3)) for _ in range(n_ops)])
         kvpref[c, 1:] = np.cumsum([draw(st.integers(0, 1)) / 4 for _ in range(n_ops)])
-    cfg_mem = np.array([float(draw(st.integers(6, 64))) for _ in range(n_cfg)])
+    cfg_mem = np.array([float(draw(st.integers(32 if frontier else 6, 64))) for _ in range(n_cfg)])
     cfg_ws = np.array([draw(st.integers(0, 4)) / 2 for _ in range(n_cfg)])
     cfg_ok = np.array([[draw(st.integers(0, 9)) > 0 for _ in range(n_cfg)] for _ in range(k)])
     max_gpus = float(draw(st.integers(2, 32)))
-    bw = draw(st.sampled_from([1.0, 2.0, 4.0]))
+    bw = draw(st.sampled_from([4.0] if frontier else [1.0, 2.0, 4.0]))
     lat = draw(st.integers(0, 4)) / 2
     slo = draw(st.integers(4, 240)) / 2
     lat_obj = draw(st.integers(0, 4)) == 0
     stage_fixed = np.array([draw(st.integers(0, 2)) / 4 for _ in range(n_cfg)])
     transfer_fixed = np.array([draw(st.integers(0, 2)) / 4 for _ in range(n_cfg)])
-    return dict(latency_objective=lat_obj, cfg_stage_fixed=stage_fixed, cfg_transfer_fixed=transfer_fixed, stage_owner=owner, stage_start=start, stage_end=end, payload=payload, k=k, pref=pref,
+    max_nodes = draw(st.sampled_from([math.inf, 1.0, 2.0] if frontier else [math.inf, math.inf, 1.0, 2.0, 3.0]))
+    return dict(max_nodes=max_nodes, latency_objective=lat_obj, cfg_stage_fixed=stage_fixed, cfg_transfer_fixed=transfer_fixed, stage_owner=owner, stage_start=start, stage_end=end, payload=payload, k=k, pref=pref,
                 wpref=wpref, kvpref=kvpref, cfg_tp=cfg_tp, cfg_price=cfg_price, cfg_mem=cfg_mem,
                 cfg_ws=cfg_ws, cfg_ok=cfg_ok, cfg_gpu=cfg_gpu, cfg_node=cfg_node,
                 cfg_intra_bw=cfg_intra_bw, intra_lat=intra_lat, mb_index=mb_index,
@@ -195,6 +211,8 @@ def brute_force(inst, problem=None):
                     continue
                 sel = selection(B, mu, [p["c"] for p in combo], [p["n"] for p in combo], [p["m"] for p in combo])
                 ev = evaluate(prob, sel)  # stage vectors, link, memory, rate: the one evaluator
+                if ev.nodes > prob.max_nodes:
+                    continue
                 if workload:
                     trtt, cost = ev.t_rtt, ev.t_mean * ev.rate
                 else:
@@ -246,6 +264,19 @@ def test_kernel_equals_brute_force(inst):
     assert_kernel_matches(inst, best, feasible)
 
 
+@settings(max_examples=300, **SETTINGS)
+@given(instances(frontier=True))
+def test_frontier_equals_brute_force_where_it_bites(inst):
+    """The fixed-context frontier across TP degrees, replica counts and GPU types removes points
+    here (checked: its counter), and every combination still returns the brute force's plan."""
+    best, feasible = brute_force(inst)
+    assert_kernel_matches(inst, best, feasible)
+    got, base = run_kernel(inst, True, True), run_kernel(inst, False, False)
+    assert _same(got, base), (got, base)
+    if got is not None:
+        event("frontier removed points" if got["counters"][3] else "frontier removed none")
+
+
 def assert_kernel_matches(inst, best, feasible, problem=None):
     """Every (frontier, bounds) combination returns the brute force's optimum (or an exact tie)."""
     for pf, bnb in [(False, False)] + COMBOS:
@@ -285,3 +316,47 @@ def test_brute_force_finds_ties():
     for pf, bnb in [(False, False)] + COMBOS:
         got = run_kernel(inst, pf, bnb)
         assert got["ident"] == best[2] and got["cost"] == best[0] == 2.0
+
+
+def _hand_instance(**over):
+    """Two owners, one stage each, one operator each of latency 1 in every config and microbatch,
+    no memory pressure: the cases below change only what decides a frontier rule."""
+    n_cfg = len(over["cfg_tp"])
+    grid = over.pop("grid")
+    mb_index = np.full(max(over["batches"]) + 1, -1, np.int64)
+    for i, b in enumerate(grid):
+        mb_index[b] = i
+    pref = np.zeros((n_cfg, len(grid), 3))
+    pref[:, :, 1:] = [1.0, 2.0]
+    inst = dict(stage_owner=np.array([0, 1]), stage_start=np.array([0, 1]), stage_end=np.array([1, 2]),
+                payload=np.array([4.0, 4.0]), k=2, pref=pref, wpref=np.zeros((n_cfg, 3)),
+                kvpref=np.zeros((n_cfg, 3)), cfg_price=np.ones(n_cfg), cfg_mem=np.full(n_cfg, 64.0),
+                cfg_ws=np.zeros(n_cfg), mb_index=mb_index, max_mu=1, max_gpus=32.0, bw=4.0, lat=0.0,
+                intra_lat=0.0, slo=1000.0, latency_objective=False, max_nodes=math.inf)
+    inst.update({key: np.array(v) if isinstance(v, list) else v for key, v in over.items()})
+    return inst
+
+
+def test_frontier_keeps_a_wider_point_whose_plan_avoids_a_slow_intra_node_link():
+    """Owner 1 at TP1 (a) is as fast as at TP2 (b) and cheaper, but with a the plan needs 2 GPUs,
+    fits the 2-GPU node and hands off over its slow intra-node link (0.5 against the network's 4):
+    b's plan is 3.8x cheaper, so the frontier must keep b (OwnerTables.intra_ok)."""
+    inst = _hand_instance(cfg_tp=[1, 2], cfg_gpu=[0, 0], cfg_node=[2, 2], cfg_intra_bw=[0.5, 0.5],
+                          cfg_ok=np.array([[True, False], [True, True]]), batches=[2], grid=[2], max_rep=1)
+    best, feasible = brute_force(inst)
+    assert best[2] == (2, 1, ((0, 1), (1, 1))), best  # b: the wider plan, over the network
+    assert_kernel_matches(inst, best, feasible)
+    assert _same(run_kernel(inst, True, True), run_kernel(inst, False, False))
+
+
+def test_frontier_keeps_a_point_whose_plan_spans_fewer_nodes():
+    """Owner 1's points a (type 0, 2-GPU nodes) and b (type 1, 4-GPU nodes) are equal in cost,
+    GPUs and time, and a comes first; with a the plan spans 4 nodes, with b 3, and --max-nodes 3
+    leaves only b's (owner_nodes)."""
+    inst = _hand_instance(cfg_tp=[2, 2, 4], cfg_gpu=[0, 1, 1], cfg_node=[2, 4, 4], cfg_intra_bw=[8.0, 8.0, 8.0],
+                          cfg_ok=np.array([[False, False, True], [True, True, False]]), batches=[2], grid=[1],
+                          max_rep=2, max_nodes=3.0)
+    best, feasible = brute_force(inst)
+    assert best is not None and best[2] == (2, 1, ((2, 2), (1, 2))), best
+    assert_kernel_matches(inst, best, feasible)
+    assert _same(run_kernel(inst, True, True), run_kernel(inst, False, False))

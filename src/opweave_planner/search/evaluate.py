@@ -99,14 +99,18 @@ def plan_nodes(fab, cfg, replicas):
         return 1.0
     nodes = 0.0
     for o in range(cfg.shape[0]):
-        c = cfg[o]
-        node, tp = fab.cfg_node[c], fab.cfg_tp[c]
-        if tp > node:  # a group wider than a node (not produced by the catalog's TP filter)
-            nodes += replicas[o] * ((tp + node - 1) // node)
-        else:
-            per_node = node // tp
-            nodes += (replicas[o] + per_node - 1) // per_node
+        nodes += owner_nodes(fab, cfg[o], replicas[o])
     return nodes
+
+
+@kernel(refcount=False)
+def owner_nodes(fab, c, n):
+    """Nodes n replicas of config c fill when the plan spans nodes (the frontier compares it)."""
+    node, tp = fab.cfg_node[c], fab.cfg_tp[c]
+    if tp > node:  # a group wider than a node (not produced by the catalog's TP filter)
+        return n * ((tp + node - 1) // node)
+    per_node = node // tp
+    return (n + per_node - 1) // per_node
 
 
 @kernel
@@ -335,6 +339,7 @@ class Evaluation(NamedTuple):
     measured: np.ndarray  # the part of t taken from measured/interpolated tables
     gpus: float
     intra_node: bool
+    nodes: float  # the nodes it occupies (`plan_nodes`: what --max-nodes caps)
     busy: np.ndarray  # compute busy fraction per owner
     critical_kind: int
     critical_index: int
@@ -388,7 +393,8 @@ def _detail(p, B, mu, cfg, mb, replicas, fixed, workload):
         rate += cost_rate(p.limits.latency_objective, k, cf.cfg_price[c], fab.cfg_tp[c], mu, sc.bh[o])
     # the stage vectors, not the whole scratch: every array returned is boxed by compiled code
     return Evaluation(t_rtt=t_check, t_mean=t_mean, t_show=t_show, samples=samples, t=sc.t, occ=sc.occ,
-                      latv=sc.latv, measured=measured, gpus=gpus, intra_node=intra, busy=comp,
+                      latv=sc.latv, measured=measured, gpus=gpus, intra_node=intra,
+                      nodes=plan_nodes(fab, cfg, replicas), busy=comp,
                       critical_kind=kind, critical_index=index, memory_need=need, memory_usable=usable,
                       rate=rate)
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from opweave_planner.jit import kernel
-from opweave_planner.search.evaluate import cost_rate, memory_need, range_sum, stage_time
+from opweave_planner.search.evaluate import cost_rate, memory_need, owner_nodes, range_sum, stage_time
 
 # counter slots (Counters field order)
 C_CAND, C_SIM, C_BOUND, C_FRONT = 0, 1, 2, 3
@@ -36,6 +36,10 @@ class OwnerTables(NamedTuple):
     n_cross: np.ndarray  # float64[k, k]: boundaries per owner pair
     # a config's TP as a dense rank (0 .. distinct TPs - 1): the frontier's grouping key
     tp_rank: np.ndarray  # int64[C]
+    # every config of this one's GPU type hands off inside a node no slower than over the
+    # network (bandwidth and latency): a plan that needs fewer GPUs, and so may fit in one
+    # node, never gets a slower link (the fixed-context frontier's cross-TP rule)
+    intra_ok: np.ndarray  # bool[C]
 
 
 class Points(NamedTuple):
@@ -103,6 +107,17 @@ def _tp_rank(cfg_tp):
             if first and cfg_tp[b] < cfg_tp[a]:
                 tp_rank[a] += 1
     return tp_rank
+
+
+@kernel(inline=True)
+def _intra_ok(fab):
+    n_cfg = fab.cfg_gpu.shape[0]
+    ok = np.ones(n_cfg, np.bool_)
+    for a in range(n_cfg):
+        for c in range(n_cfg):
+            if fab.cfg_gpu[c] == fab.cfg_gpu[a] and (fab.cfg_intra_bw[c] < fab.bw or fab.intra_lat > fab.lat):
+                ok[a] = False
+    return ok
 
 
 @kernel(inline=True)
@@ -181,7 +196,7 @@ def owner_tables(p):
                         dom[o, c, m, base + 1 + g] = stage_time(kpref[c, m, g], start[j], end[j], fixed[c])
     return OwnerTables(tab=tab, total=_stage_sums(tab, ok, count), count=count, pos=pos, wown=wown, kvown=kvown,
                        kvcown=kvcown, dom=dom, knot_free=tr.knot_free, pair_payload=pair_payload, n_cross=n_cross,
-                       tp_rank=_tp_rank(p.fabric.cfg_tp))
+                       tp_rank=_tp_rank(p.fabric.cfg_tp), intra_ok=_intra_ok(p.fabric))
 
 
 @kernel(inline=True)
@@ -294,6 +309,8 @@ def pareto_filter(fab, ot, o, cross_type, pts, counters):
                     continue
                 if tx[pc[a]] > tx[pc[b]]:  # a's hand-offs would cost more: not safe to drop b
                     continue
+                if owner_nodes(fab, pc[a], pn[a]) > owner_nodes(fab, pc[b], pn[b]):  # node sizes differ by type
+                    continue
                 step = stride if knot_free[pc[a], pc[b]] else 1
                 if _dominates(tab, length, step, pr, pc, pm, a, b):
                     keep[b] = False
@@ -302,6 +319,58 @@ def pareto_filter(fab, ot, o, cross_type, pts, counters):
     for a in range(npts):
         if keep[a]:
             pc[w], pm[w], pn[w], pbh[w], pr[w], prho[w], ptot[w] = pc[a], pm[a], pn[a], pbh[a], pr[a], prho[a], ptot[a]
+            w += 1
+    counters[C_FRONT] += npts - w
+    pts.count[o] = w
+
+
+@kernel(refcount=False)
+def pareto_sorted(fab, ot, o, cross_type, pts, counters):
+    """The fixed-context frontier, across TP degrees, replica counts and (where no plan of this
+    (B, mu) fits in one node) GPU types, on points already sorted by `sort_points`.
+
+    Point a removes a later point b when swapping b for a in any complete plan can make it
+    neither dearer, slower, wider nor later in the enumeration: r, GPUs per request (rho) and
+    microbatch (every hand-off's size is max(b_send, b_recv)) no larger; every stage time no
+    larger; no dearer NCCL call; no more nodes when the plan spans nodes; and the same link:
+    either no plan of this (B, mu) fits in one node (cross_type), or a is of b's GPU type
+    with the same node size and no slower intra-node link, and, if a needs fewer GPUs (the
+    plan may now fit in one node), that type's intra-node link is no slower than the network
+    (`OwnerTables.intra_ok`). a comes first in the sorted order, so the plan with a is visited
+    before the one with b, and the walk keeps the first of equal (cost, GPUs): the result is
+    exhaustive enumeration's. The relation is transitive, so comparing b with the points kept
+    so far removes exactly the dominated points. Minima and staircase are unchanged (a
+    dominator is no larger in each), so the sort's stay valid."""
+    tp, gpu, tx, node, intra, intra_ok = fab.cfg_tp, fab.cfg_gpu, fab.cfg_transfer_fixed, fab.cfg_node, fab.cfg_intra_bw, ot.intra_ok
+    tab, length = ot.tab[o], ot.count[o]
+    pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
+    npts, w = pts.count[o], 0
+    for b in range(npts):
+        cb, mb = pc[b], pm[b]
+        nodes_b = owner_nodes(fab, cb, pn[b])
+        dominated = False
+        for a in range(w):  # the kept points before b, each with r_a <= r_b by the sort
+            ca = pc[a]
+            if prho[a] > prho[b] or pbh[a] > pbh[b] or ptot[a] > ptot[b] or tx[ca] > tx[cb]:
+                continue
+            if gpu[ca] != gpu[cb]:
+                if not cross_type:
+                    continue
+            elif not cross_type:
+                if node[ca] != node[cb] or intra[ca] < intra[cb] or (prho[a] < prho[b] and not intra_ok[ca]):
+                    continue
+            if owner_nodes(fab, ca, pn[a]) > nodes_b:
+                continue
+            ma, worse = pm[a], False
+            for i in range(length):
+                if tab[ca, ma, i] > tab[cb, mb, i]:
+                    worse = True
+                    break
+            if not worse:
+                dominated = True
+                break
+        if not dominated:
+            pc[w], pm[w], pn[w], pbh[w], pr[w], prho[w], ptot[w] = cb, mb, pn[b], pbh[b], pr[b], prho[b], ptot[b]
             w += 1
     counters[C_FRONT] += npts - w
     pts.count[o] = w

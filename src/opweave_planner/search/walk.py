@@ -42,6 +42,7 @@ from opweave_planner.search.points import (
     new_points,
     owner_tables,
     pareto_filter,
+    pareto_sorted,
     point_minima,
     sort_points,
 )
@@ -235,9 +236,12 @@ def _search(p, seed_cost, use_pareto, use_bnb, floored, fixed, workload):
                 sc.counters[C_BOUND] += 1
                 continue
             for o in range(k):
-                if use_pareto and pts.count[o] > 1:
+                if use_pareto and workload is not None and pts.count[o] > 1:
+                    # a workload: equal replicas and TP only (a replica count changes the barrier)
                     pareto_filter(fab, ot, o, not one_node, pts, sc.counters)
                 sort_points(pts, o)
+                if use_pareto and fixed is not None and pts.count[o] > 1:
+                    pareto_sorted(fab, ot, o, not one_node, pts, sc.counters)
             while walk(caps, fab, ot, pts, sc, B, mu, opt_link):
                 _leaf(caps, p, pts, sc, B, mu, fixed, workload)
     return sc.best_f, sc.best_i, sc.counters
