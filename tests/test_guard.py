@@ -259,6 +259,43 @@ def test_killing_the_parent_leaves_no_orphan_workers(tmp_path, mode, sig):
         proc.wait()
 
 
+KILLED_POOL = textwrap.dedent('''
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import process as cf_process
+    from opweave_planner import procs
+
+    def spin(_):
+        time.sleep(60)
+
+    def slow_wakeup(self):  # widen the race: the closed check, then a pause, then the write
+        if not self._closed:
+            time.sleep(0.3)
+            self._writer.send_bytes(b"")
+
+    if __name__ == "__main__":
+        ex = ProcessPoolExecutor(2, **procs.pool_kwargs())
+        futs = [ex.submit(spin, i) for i in range(2)]
+        time.sleep(0.3)
+        cf_process._ThreadWakeup.wakeup = slow_wakeup
+        procs.kill_pool(ex, timeout_s=float(__import__("sys").argv[1]))
+''')
+
+
+@pytest.mark.parametrize("timeout_s", ["0", "2"])
+def test_a_killed_pool_prints_nothing_at_exit(tmp_path, timeout_s):
+    """Python's exit hook wakes every pool's manager thread by writing to a pipe that the thread
+    closes as it ends; if the write lands mid-close, an 'Exception ignored ... Bad file
+    descriptor' traceback followed our one-line 'interrupted' (a CI run, session 18). kill_pool
+    joins the thread (0: it is still closing, so it is taken off the hook's list instead); the
+    race is widened here so that either path would print without the fix."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_POOL)
+    res = subprocess.run([sys.executable, str(script), timeout_s], env={**os.environ, "PYTHONPATH": SRC},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+
+
 def test_die_with_parent_falls_back_to_a_watchdog(tmp_path):
     """Without prctl (other OSes), a thread polling the parent still takes the worker down."""
     code = textwrap.dedent('''

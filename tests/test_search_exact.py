@@ -241,13 +241,28 @@ def _same(a, b):
     return (a["cost"], a["gpus"], a["ident"]) == (b["cost"], b["gpus"], b["ident"])
 
 
+# The schedule simulator is monotone in exact arithmetic (max and plus); in floating point its
+# renormalised periodic search can give a round trip a few ulps shorter for larger inputs, so
+# the plan of a point the frontier dropped can beat its twin by rounding alone (about 1e-15
+# relative: test_frontier_rounding_tie). The frontier then returns the twin.
+ROUNDING = 1e-12
+
+
+def _same_with_frontier(a, b):
+    """`_same`, or both found at costs within ROUNDING: a frontier's result against one without."""
+    if _same(a, b):
+        return True
+    return a is not None and b is not None and math.isclose(a["cost"], b["cost"], rel_tol=ROUNDING, abs_tol=0.0)
+
+
 @settings(max_examples=300, **SETTINGS)
 @given(instances())
 def test_accelerations_equal_exhaustive(inst):
     base = run_kernel(inst, False, False)
     for pf, bnb in COMBOS:
         got = run_kernel(inst, pf, bnb)
-        assert _same(got, base), (pf, bnb, got, base)
+        # bounds prune with a margin, so they never change the plan; the frontier up to rounding
+        assert (_same_with_frontier if pf else _same)(got, base), (pf, bnb, got, base)
         if got is not None and base is not None:
             # accelerations only ever remove work
             assert got["counters"][1] <= base["counters"][1]
@@ -272,7 +287,7 @@ def test_frontier_equals_brute_force_where_it_bites(inst):
     best, feasible = brute_force(inst)
     assert_kernel_matches(inst, best, feasible)
     got, base = run_kernel(inst, True, True), run_kernel(inst, False, False)
-    assert _same(got, base), (got, base)
+    assert _same_with_frontier(got, base), (got, base)
     if got is not None:
         event("frontier removed points" if got["counters"][3] else "frontier removed none")
 
@@ -292,9 +307,11 @@ def assert_kernel_matches(inst, best, feasible, problem=None):
         assert math.isclose(mine[0][0], got["cost"], rel_tol=REL, abs_tol=1e-12)
         assert mine[0][1] == got["gpus"]
         if got["ident"] != best[2]:
-            # a different plan is only acceptable as an exact tie on cost and GPUs
-            assert math.isclose(got["cost"], best[0], rel_tol=REL, abs_tol=1e-12) and got["gpus"] == best[1], (
-                pf, bnb, got, best)
+            # a different plan is only acceptable as an exact tie on cost and GPUs, or with the
+            # frontier a tie up to the simulator's rounding (ROUNDING, test_frontier_rounding_tie)
+            tie = math.isclose(got["cost"], best[0], rel_tol=REL, abs_tol=1e-12) and got["gpus"] == best[1]
+            rounding = pf and math.isclose(got["cost"], best[0], rel_tol=ROUNDING, abs_tol=0.0)
+            assert tie or rounding, (pf, bnb, got, best)
 
 
 def test_brute_force_finds_ties():
@@ -346,7 +363,7 @@ def test_frontier_keeps_a_wider_point_whose_plan_avoids_a_slow_intra_node_link()
     best, feasible = brute_force(inst)
     assert best[2] == (2, 1, ((0, 1), (1, 1))), best  # b: the wider plan, over the network
     assert_kernel_matches(inst, best, feasible)
-    assert _same(run_kernel(inst, True, True), run_kernel(inst, False, False))
+    assert _same_with_frontier(run_kernel(inst, True, True), run_kernel(inst, False, False))
 
 
 def test_frontier_keeps_a_point_whose_plan_spans_fewer_nodes():
@@ -359,4 +376,42 @@ def test_frontier_keeps_a_point_whose_plan_spans_fewer_nodes():
     best, feasible = brute_force(inst)
     assert best is not None and best[2] == (2, 1, ((2, 2), (1, 2))), best
     assert_kernel_matches(inst, best, feasible)
-    assert _same(run_kernel(inst, True, True), run_kernel(inst, False, False))
+    assert _same_with_frontier(run_kernel(inst, True, True), run_kernel(inst, False, False))
+
+
+def test_frontier_rounding_tie():
+    """Found by an audit of the cross-TP frontier (session 18): owner 2's configs 2 (TP1) and 3
+    (TP2 at half the price: the same rate) differ in one stage that does not decide the round
+    trip, 3 slower by 0.0027. The frontier drops 3. Computed without the frontier, the plan with
+    3 comes out 7e-15 cheaper than its twin (the simulator's rounding), so exhaustive enumeration
+    returns it (4 GPUs); the frontier returns the twin (3 GPUs), at the same cost up to rounding,
+    a candidate the brute force also finds feasible."""
+    owner = np.array([1, 2, 1, 0, 2], np.int64)
+    rows = [[0.8699216617524754, 4.3962623372270375, 5.743105636112814, 7.106500820896675, 7.7951464508032196],
+            [2.044854228812531, 2.242254863337262, 5.561454587572023, 9.327157688593935, 13.227350470122055],
+            [0.7314237425425297, 3.9727481842892254, 8.18038504530752, 8.456636280315044, 9.504143037204315],
+            [0.7314237425425297, 3.9727481842892254, 8.18038504530752, 8.456636280315044, 9.506799659982473]]
+    pref = np.zeros((4, 1, 6))
+    pref[:, 0, 1:] = rows
+    ok = np.zeros((3, 4), bool)
+    ok[0, 0] = ok[1, 1] = ok[2, 2] = ok[2, 3] = True
+    mb_index = np.full(4, -1, np.int64)
+    mb_index[1] = 0
+    lat = 0.2053502375173868
+    inst = dict(max_nodes=math.inf, latency_objective=False, cfg_stage_fixed=np.zeros(4),
+                cfg_transfer_fixed=np.zeros(4), stage_owner=owner, stage_start=np.arange(5),
+                stage_end=np.array([1, 2, 3, 4, 0]), k=3, pref=pref,
+                payload=np.array([2.0588938579674236, 0.73902314817343, 2.1212064939679873, 2.203909337540702,
+                                  2.165902539193775]),
+                wpref=np.zeros((4, 6)), kvpref=np.zeros((4, 6)), cfg_tp=np.array([1, 1, 1, 2], np.int64),
+                cfg_price=np.array([1.0, 1.0, 1.0, 0.5]), cfg_mem=np.full(4, 64.0), cfg_ws=np.zeros(4), cfg_ok=ok,
+                cfg_gpu=np.zeros(4, np.int64), cfg_node=np.full(4, 8, np.int64), cfg_intra_bw=np.ones(4),
+                intra_lat=lat, mb_index=mb_index, batches=np.array([3], np.int64), max_mu=3, max_rep=1,
+                max_gpus=32.0, bw=1.0, lat=lat, slo=1e6)
+    got, base = run_kernel(inst, True, True), run_kernel(inst, False, False)
+    assert got["counters"][3] > 0  # the frontier dropped config 3
+    assert _same_with_frontier(got, base)
+    if not _same(got, base):  # as on the development box: the twin, with fewer GPUs
+        assert got["ident"][2][2] == (2, 1) and base["ident"][2][2] == (3, 1) and got["gpus"] < base["gpus"]
+    best, feasible = brute_force(inst)
+    assert_kernel_matches(inst, best, feasible)

@@ -338,10 +338,13 @@ def pareto_sorted(fab, ot, o, cross_type, pts, counters):
     plan may now fit in one node), that type's intra-node link is no slower than the network
     (`OwnerTables.intra_ok`). a comes first in the sorted order, so the plan with a is visited
     before the one with b, and the walk keeps the first of equal (cost, GPUs): the result is
-    exhaustive enumeration's. The relation is transitive, so comparing b with the points kept
+    exhaustive enumeration's, up to the simulator's rounding (monotone in exact arithmetic; in
+    floating point b's plan can come out a few ulps cheaper than a's, and exhaustive enumeration
+    then returns it: tests/test_search_exact.py, test_frontier_rounding_tie). The relation is
+    transitive, so comparing b with the points kept
     so far removes exactly the dominated points. Minima and staircase are unchanged (a
     dominator is no larger in each), so the sort's stay valid."""
-    tp, gpu, tx, node, intra, intra_ok = fab.cfg_tp, fab.cfg_gpu, fab.cfg_transfer_fixed, fab.cfg_node, fab.cfg_intra_bw, ot.intra_ok
+    gpu, tx, node, intra, intra_ok = fab.cfg_gpu, fab.cfg_transfer_fixed, fab.cfg_node, fab.cfg_intra_bw, ot.intra_ok
     tab, length = ot.tab[o], ot.count[o]
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     npts, w = pts.count[o], 0

@@ -5,7 +5,8 @@ network-safe frontier, then a DFS that visits combinations in lexicographic
 order of the sorted point lists. A candidate replaces the incumbent only if it
 is cheaper, or equally cheap with fewer GPUs; pruning uses strict comparisons
 with a 1e-12 margin, so it never removes a candidate that could tie. The
-result therefore equals exhaustive enumeration (tests/test_search_exact.py).
+result therefore equals exhaustive enumeration (tests/test_search_exact.py); with the
+frontier, up to the simulator's floating-point rounding (points.pareto_sorted).
 """
 
 from __future__ import annotations
