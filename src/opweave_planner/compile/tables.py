@@ -353,6 +353,8 @@ def _owned_mixes(tables: Tables, owner, start, end, o: int, one: bool, memo: dic
 
 def owner_ok(tables: Tables, owner: np.ndarray, start: np.ndarray, end: np.ndarray, k: int) -> np.ndarray:
     """cfg_ok[o, c]: expert-parallel variants only for owners holding routed experts."""
+    if not tables.expert_parallel.any():  # no such variant (a dense model, or no EP): every config
+        return np.ones((k, tables.expert_parallel.size), bool)
     moe = tables.moe_pref
     cnt = np.where(end > start, moe[end] - moe[start], moe[-1] - moe[start] + moe[end])
     owns_moe = np.bincount(owner, weights=cnt > 0, minlength=k) > 0
