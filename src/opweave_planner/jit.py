@@ -43,7 +43,9 @@ index format, `_restamp` sets its cache file's private `_source_stamp`,
 `_unliteral_calls` its `get_call_template`, `_at_opt_level` its `compile` and the CPU
 codegen's private `_pass_builder` (where numba reads NUMBA_OPT for every pass pipeline), and
 `_skip_blas_probe` the BLAS check numba.np.arraymath runs at import (`_check_blas`, calling
-numba.np.linalg's `ensure_blas`).
+numba.np.linalg's `ensure_blas`), and `_share_inline_copies` gives numba.core.ir.Block a
+`__deepcopy__` that recognises the frame of the inliner's `copy_ir` (numba.core.inline_closurecall)
+by its name and file.
 numba is pinned below 1 (pyproject.toml); a numba that drops an option
 fails every kernel at its first compile with a KeyError naming it, and the test
 `test_the_installed_numba_takes_every_option` says so first (docs/architecture.md: how to test
@@ -148,6 +150,7 @@ def _at_opt_level(dispatcher, level: int = OPT_LEVEL):
     if compile_ is None:  # NUMBA_DISABLE_JIT: a plain function
         return dispatcher
     _give_pass_builders_our_level()
+    _share_inline_copies()
 
     def compile(sig):
         _skip_blas_probe()
@@ -185,6 +188,44 @@ def _skip_blas_probe():
     finally:
         linalg.ensure_blas = probe
     arraymath.ensure_blas = probe  # the name it imported, for any later caller
+
+
+def _share_inline_copies():
+    """Copy a kernel's IR for inlining (`inline=True`) in one piece, not block by block. Numba's
+    inliner deep-copies the callee's IR one block at a time, each with a fresh memo, so every
+    block copies the whole variable scope again (and the inliner then compares those copies
+    with one another): quadratic in the callee's size. `_search`, its callees already inlined,
+    took 1.8 s of a 25.7 s cold plan to copy, every inlining 3.1 s. Inside that copy loop
+    (numba's `copy_ir`) the blocks now share one memo, as a deep copy of the whole block map
+    would: one scope copy that every block refers to. Any other deep copy of a block keeps
+    numba's own memo; each `copy_ir` call gets a fresh one (its frame is held to tell them
+    apart, so no later call can reuse it by address)."""
+    import copy
+
+    from numba.core import inline_closurecall, ir
+
+    if getattr(ir.Block, "opweave_shared_copy", False):
+        return
+    where = inline_closurecall.__file__
+    held: dict = {"frame": None, "memo": None}
+
+    def __deepcopy__(self, memo):
+        frame = sys._getframe(2)  # 0: here, 1: copy.deepcopy, 2: whoever asked for the copy
+        if frame.f_code.co_name == "copy_ir" and frame.f_code.co_filename == where:
+            if held["frame"] is not frame:
+                held["frame"], held["memo"] = frame, {}
+            memo = held["memo"]
+        got = memo.get(id(self))
+        if got is not None:
+            return got
+        new = ir.Block.__new__(ir.Block)
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            setattr(new, name, copy.deepcopy(value, memo))
+        return new
+
+    ir.Block.__deepcopy__ = __deepcopy__
+    ir.Block.opweave_shared_copy = True
 
 
 def _give_pass_builders_our_level():
