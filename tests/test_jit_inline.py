@@ -1,6 +1,7 @@
-"""jit._share_inline_copies: numba's inliner copies a callee's IR block by block; inside its
-`copy_ir` the blocks now share one memo (one scope copy, not one per block), and a deep copy of
-a block anywhere else keeps its own."""
+"""Compile-time settings of the package's kernels: jit._share_inline_copies (numba's inliner
+copies a callee's IR block by block; inside its `copy_ir` the blocks now share one memo, one
+scope copy instead of one per block, and a deep copy of a block anywhere else keeps its own) and
+the plain-text error messages numba builds for every overload it rejects."""
 
 from __future__ import annotations
 
@@ -76,3 +77,21 @@ def test_numba_still_copies_block_by_block_in_copy_ir():
 
     src = inspect.getsource(inline_closurecall.InlineWorker.inline_ir)
     assert "def copy_ir(the_ir):" in src and "copy.deepcopy(the_ir.blocks[block_label])" in src
+
+
+def test_numba_formats_rejected_overloads_without_colour():
+    """The package sets NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING before any of its modules can
+    import numba (opweave_planner/__init__.py), schedule.kernels included, which imports numba
+    before jit; a user's own value wins."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import opweave_planner.schedule.kernels, numba.core.errors as e;"
+            "print(type(e.termcolor()).__name__)")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"}
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == "NOPColorScheme"
+    env["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] = ""
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.strip() != "NOPColorScheme"
