@@ -95,3 +95,24 @@ def test_numba_formats_rejected_overloads_without_colour():
     env["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] = ""
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert got.stdout.strip() != "NOPColorScheme"
+
+
+def test_compile_flags_compare_as_numba_compares_them():
+    """jit._compare_flags_by_their_settings: the fast path answers only 'equal' for the same
+    settings; an explicit default still equals an unset option (numba's rule), and a different
+    setting differs; hashing is numba's."""
+    from numba.core.compiler import Flags
+    from numba.core.targetconfig import TargetConfig
+
+    jit._compare_flags_by_their_settings()
+    assert getattr(TargetConfig.__eq__, "opweave_settings", False)
+    a, b = Flags(), Flags()
+    a.nrt = b.nrt = True
+    assert a == b and hash(a) == hash(b)
+    default = Flags()
+    default.boundscheck = Flags().boundscheck  # set explicitly to its default
+    assert default == Flags() and default._values != Flags()._values
+    c = Flags()
+    c.nrt = False
+    assert a != c
+    assert (a == 1) is False
