@@ -3,14 +3,14 @@
     python benchmarks/bench_main_command.py [--rounds 3] [--baseline /work/main] [--regen]
 
 Rows (whole process, `opweave-plan --model gemma-3-27b --slo 60ms --ctx 32k --quiet`, warm
-numba cache unless stated; median of --rounds, baseline and this tree interleaved; wall and CPU
+numba cache unless stated, the package's bytecode compiled first in each tree as an install has it; median of --rounds, baseline and this tree interleaved; wall and CPU
 seconds, CPU being what a shared machine changes least; the last columns are baseline/this):
 
 * every profiled GPU type (the README's first command), `--gpus h100`, `--gpus h100,a100`;
 * `--gpus h100 --workload examples/traces/mooncake-conversation-sample.jsonl --scale-ctx 32k`;
 * the README command with `--jobs 2`;
 * first runs with an empty numba cache (`--gpus h100`, and the README command): compilation
-  included, one round;
+  included, --cold-rounds rounds (1 unless given; a single cold run varies by about 2 s here);
 * with --regen (several minutes on two cores): `regen --matrix examples/matrix.toml --jobs 2`
   into an empty folder (cold plans), twice, then the unchanged rerun.
 
@@ -100,9 +100,17 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", "--old", type=Path, dest="baseline",
                     help="root of another checkout (e.g. /work/main) to run side by side")
     ap.add_argument("--regen", action="store_true", help="also time regen of examples/matrix.toml (minutes)")
+    ap.add_argument("--cold-rounds", type=int, default=1,
+                    help="rounds of the empty-cache rows (about 25 s each per tree; median, interleaved)")
     args = ap.parse_args(argv)
     base = args.baseline.resolve() if args.baseline else None
     trees = [base, NEW] if base else [NEW]
+    for t in trees:
+        # bytecode beside each tree's sources, as `pip install .` leaves an install: without it
+        # (an editable install under PYTHONDONTWRITEBYTECODE, as on the development box) every
+        # process compiles the package's modules from source, about 0.15-0.25 s of each row
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(t / "src")], env=env, check=True)
     for t in trees:  # warm each tree's numba cache, both objectives (a fixed context, a workload)
         _seconds(t, (*BASE, "--gpus", "h100"))
         _seconds(t, WORKLOAD)
@@ -119,7 +127,7 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as cache:
                 return _seconds(t, (*BASE, *e), cache)
 
-        _row(f"{label}, empty numba cache (compile)", cold, trees, 1)
+        _row(f"{label}, empty numba cache (compile)", cold, trees, args.cold_rounds)
     if args.regen:
         matrix = ("regen", "--matrix", "examples/matrix.toml", "--jobs", "2")
 
