@@ -120,3 +120,41 @@ def test_compile_flags_compare_as_numba_compares_them():
     c.nrt = False
     assert a != c
     assert (a == 1) is False
+
+
+LOAD = """
+import sys
+import numpy as np
+from opweave_planner.schedule.kernels import simulate_rtt
+from opweave_planner.schedule.reference import simulate_rtt as reference
+owner, t = np.array([0, 1, 0], np.int64), np.array([1.0, 2.5, 0.5])
+occ, lat = np.array([0.25, 0.5, 0.0]), np.array([0.1, 0.1, 0.0])
+got = simulate_rtt(owner, t, occ, lat, 2, 2)
+assert abs(got - reference(list(owner), list(t), list(occ), list(lat), 2, 2)) < 1e-9, got
+print("registries", "numba.np.npdatetime" in sys.modules)
+if sys.argv[1] == "compile":  # a new compile after a light load: numba refreshes for it
+    import numba
+    f = numba.njit(lambda a: (np.sqrt(a) + a.sum()).max())  # numba's array math registries
+    assert f(np.array([1.0, 4.0])) == 2.0 + 5.0
+"""
+
+
+def test_a_cached_kernel_loads_without_numbas_registries(tmp_path):
+    """jit._load_without_refresh: a process that only loads cached kernels starts numba's runtime,
+    not its every lowering and typing registry, computes as before, and can still compile."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "load.py"
+    script.write_text(LOAD)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(mode):
+        res = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split()
+
+    assert run("first") == ["registries", "True"]  # an empty cache: compiled, registries loaded
+    assert run("compile") == ["registries", "False"]  # loaded: none of them, then a compile works
