@@ -3,8 +3,9 @@
     python benchmarks/bench_main_command.py [--rounds 3] [--baseline /work/main] [--regen]
 
 Rows (whole process, `opweave-plan --model gemma-3-27b --slo 60ms --ctx 32k --quiet`, warm
-numba cache unless stated, the package's bytecode compiled first in each tree as an install has it; median of --rounds, baseline and this tree interleaved; wall and CPU
-seconds, CPU being what a shared machine changes least; the last columns are baseline/this):
+numba cache unless stated, each tree's bytecode compiled first as an install has it; median of
+--rounds, baseline and this tree interleaved; wall and CPU seconds, CPU being what a shared
+machine changes least; the last columns are baseline/this):
 
 * every profiled GPU type (the README's first command), `--gpus h100`, `--gpus h100,a100`;
 * `--gpus h100 --workload examples/traces/mooncake-conversation-sample.jsonl --scale-ctx 32k`;

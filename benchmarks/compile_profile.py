@@ -54,6 +54,7 @@ def main(argv=None) -> int:
 
     event.register("numba:compile", Listener())
     llvm = _time_llvm_steps()
+    inlined = _time_inlining()
     from opweave_planner import api
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,6 +97,9 @@ def main(argv=None) -> int:
           "machine code")
     for name, (fp, mp, mc) in sorted(llvm.items(), key=lambda kv: -sum(kv[1]))[:a.top // 2]:
         print(f"  {fp:6.2f} {mp:6.2f} {mc:6.2f}  {name}")
+    print(f"inlining (inline=True callees copied into callers; jit._share_inline_copies): "
+          f"{sum(inlined.values()):.2f} s over {len(inlined)} callees, the largest: "
+          + ", ".join(f"{name} {t:.2f} s" for name, t in sorted(inlined.items(), key=lambda kv: -kv[1])[:4]))
     print("entry points Python calls: final-module IR characters, largest functions")
     for name, ir in sorted(entries, key=lambda e: -len(e[1]))[:6]:
         funcs = sorted(((len(f), re.search(r'@"?([^"(]+)', f).group(1))
@@ -107,6 +111,25 @@ def main(argv=None) -> int:
             with open(os.path.join(a.ir_out, f"{name}.ll"), "w") as f:
                 f.write(ir)
     return 0
+
+
+def _time_inlining() -> dict[str, float]:
+    """Seconds numba's inliner spends copying each callee into its callers (InlineWorker.inline_ir)."""
+    from numba.core import inline_closurecall
+
+    spent: dict[str, float] = collections.defaultdict(float)
+    worker = inline_closurecall.InlineWorker
+    inline_ir = worker.inline_ir
+
+    def timed(self, caller_ir, block, i, callee_ir, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inline_ir(self, caller_ir, block, i, callee_ir, *args, **kwargs)
+        finally:
+            spent[callee_ir.func_id.func_qualname] += time.perf_counter() - t0
+
+    worker.inline_ir = timed
+    return spent
 
 
 def _time_llvm_steps() -> dict[str, list[float]]:

@@ -266,16 +266,17 @@ def _dominates(tab, length, step, r, c, m, a, b):
 
 @kernel(refcount=False)
 def pareto_filter(fab, ot, o, cross_type, pts, counters):
-    """Keep the network-safe frontier: dominance only at equal TP and equal b (equal transfer
-    sizes and GPU count), with no dearer NCCL call, and across GPU types only when no candidate
-    of this (B, mu) fits in one node (otherwise the GPU type decides the link).
+    """A workload's network-safe frontier (a fixed context's is `pareto_sorted`): dominance only
+    at equal TP and equal b (equal transfer sizes, GPU count and barrier), with no dearer NCCL
+    call, no more nodes, and across GPU types only when no candidate of this (B, mu) fits in
+    one node (otherwise the GPU type decides the link).
 
     At one (B, mu), b = B / (mu n), so equal b is equal n: the points are bucketed by (n, TP rank)
     (a stable counting sort) and only pairs inside a bucket are compared, in the order the full
     double loop would compare them (a ascending, then b ascending). Pairs across buckets are the
     ones the full loop skips, and no check in one bucket reads another's keep flags, so the kept
     set is the full loop's, for any relation (linear, not quadratic, in the points per owner)."""
-    tp, gpu, tx, tab, length = fab.cfg_tp, fab.cfg_gpu, fab.cfg_transfer_fixed, ot.dom[o], ot.dom.shape[3]
+    tp, gpu, tx, node, tab, length = fab.cfg_tp, fab.cfg_gpu, fab.cfg_transfer_fixed, fab.cfg_node, ot.dom[o], ot.dom.shape[3]
     knot_free, stride, tp_rank = ot.knot_free, ot.dom.shape[3] // ot.tab.shape[3], ot.tp_rank
     pc, pm, pn, pbh, pr, prho, ptot = pts.c[o], pts.m[o], pts.n[o], pts.bh[o], pts.r[o], pts.rho[o], pts.total[o]
     npts = pts.count[o]
@@ -309,7 +310,8 @@ def pareto_filter(fab, ot, o, cross_type, pts, counters):
                     continue
                 if tx[pc[a]] > tx[pc[b]]:  # a's hand-offs would cost more: not safe to drop b
                     continue
-                if owner_nodes(fab, pc[a], pn[a]) > owner_nodes(fab, pc[b], pn[b]):  # node sizes differ by type
+                # equal TP and replicas: only node sizes (a catalog's, per GPU type) can differ
+                if node[pc[a]] != node[pc[b]] and owner_nodes(fab, pc[a], pn[a]) > owner_nodes(fab, pc[b], pn[b]):
                     continue
                 step = stride if knot_free[pc[a], pc[b]] else 1
                 if _dominates(tab, length, step, pr, pc, pm, a, b):
